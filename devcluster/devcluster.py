@@ -1,0 +1,800 @@
+#!/usr/bin/python3
+"""slurm-bt dev cluster: a real Slurm 22.05 cluster (2 nodes, 4 placeholder H100s each) on one host.
+
+    devcluster.py up       install packages if missing, write configs, start daemons, verify (idempotent)
+    devcluster.py down     stop exactly the daemons whose PID files we own (SIGTERM, then SIGKILL)
+    devcluster.py status   print each daemon with PID and alive/dead; exit 0 if all are up
+
+Standalone, stdlib only, run as root with /usr/bin/python3.  No systemd needed: daemons are started directly.
+State directory: $BT_DEVCLUSTER_DIR or /var/lib/slurm-bt-dev.  See devcluster/README.md.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import grp
+import hashlib
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CLUSTER = "btdev"
+NODES = {"n1": ("127.0.0.1", 6821), "n2": ("127.0.0.1", 6822)}
+PARTITIONS = ["gpu", "staging"]
+GRES_TYPE = "h100"
+GPUS_PER_NODE = 4
+NODE_CPUS = 2
+NODE_MEM_MB = 8000
+CTLD_PORT = 6817
+DBD_PORT = 6819
+DB_NAME = "slurm_acct_db"
+DB_USER = "slurm"
+ACCOUNT = "default"
+PACKAGES = ["slurm-wlm", "slurmdbd", "munge", "mariadb-server"]
+# Binaries that must exist for the packages above to count as installed.
+REQUIRED_BINARIES = [
+    "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/slurmdbd", "/usr/sbin/munged",
+    "/usr/bin/mysqld_safe", "/usr/bin/mariadb", "/usr/bin/sinfo", "/usr/bin/sacct", "/usr/bin/sacctmgr",
+    "/usr/bin/munge",
+]
+
+ETC_SLURM = Path("/etc/slurm")
+SLURM_CONF = ETC_SLURM / "slurm.conf"
+GRES_CONF = ETC_SLURM / "gres.conf"
+DBD_CONF = ETC_SLURM / "slurmdbd.conf"
+SLURM_LOG_DIR = Path("/var/log/slurm")
+MUNGE_KEY = Path("/etc/munge/munge.key")
+MUNGE_RUN = Path("/run/munge")
+MYSQL_RUN = Path("/run/mysqld")
+MYSQL_SOCK = MYSQL_RUN / "mysqld.sock"
+
+STATE = Path(os.environ.get("BT_DEVCLUSTER_DIR", "/var/lib/slurm-bt-dev")).resolve()
+RUN = STATE / "run"
+LOG = STATE / "log"
+SPOOL = STATE / "spool"
+DEV = STATE / "dev"
+PW_FILE = STATE / "db_password"
+CLUSTER_JSON = STATE / "cluster.json"
+
+REPO = Path(__file__).resolve().parent.parent
+PROLOG = REPO / "prolog" / "slurm-bt-prolog"
+EPILOG = REPO / "epilog" / "slurm-bt-epilog"
+
+HEALTHY_NODE_STATES = {"idle", "mixed", "allocated", "completing"}
+
+
+class Failure(Exception):
+    """A step failed; message is printed, then the daemon's log tail."""
+
+    def __init__(self, msg: str, log: Path | None = None):
+        super().__init__(msg)
+        self.log = log
+
+
+# --------------------------------------------------------------------------------------------- daemons
+
+
+class Daemon:
+    def __init__(self, name: str, binaries: set[str], pidfile: Path, log: Path, args_must: tuple[str, ...] = ()):
+        self.name = name
+        self.binaries = binaries  # accepted basenames of argv[0] (or of any argv item for scripts)
+        self.pidfile = pidfile
+        self.log = log
+        self.args_must = args_must  # consecutive argv items that must be present (e.g. -N n1)
+
+    def read_pid(self) -> int | None:
+        try:
+            return int(self.pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def matches(self, pid: int) -> bool:
+        """True if pid is alive (not a zombie) and its cmdline is our binary."""
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                st = f.read()
+            if st[st.rindex(")") + 2] in "ZX":
+                return False
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            return False
+        argv = [a.decode(errors="replace") for a in argv if a]
+        if not argv:
+            return False
+        names = {os.path.basename(argv[0])}
+        if self.name == "mysqld_safe":  # a shell script: /bin/sh /usr/bin/mysqld_safe ...
+            names |= {os.path.basename(a) for a in argv[1:2]}
+        if not names & self.binaries:
+            return False
+        if self.args_must:
+            n = len(self.args_must)
+            if not any(tuple(argv[i:i + n]) == self.args_must for i in range(len(argv))):
+                return False
+        return True
+
+    def pid(self) -> int | None:
+        """The live PID of this daemon according to its pid file, else None."""
+        p = self.read_pid()
+        return p if p is not None and self.matches(p) else None
+
+    def stop(self, bound: float = 15.0) -> str:
+        p = self.read_pid()
+        if p is None:
+            return "not running"
+        if not self.matches(p):
+            self.remove_pidfile()
+            return f"already exited (pid {p}); removed pid file"
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline and self.matches(p):
+            time.sleep(0.1)
+        how = "stopped"
+        if self.matches(p):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            how = "killed (SIGKILL after %.0fs)" % bound
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and self.matches(p):
+                time.sleep(0.1)
+        self.remove_pidfile()
+        return f"{how} (pid {p})"
+
+    def remove_pidfile(self) -> None:
+        try:
+            self.pidfile.unlink()
+        except FileNotFoundError:
+            pass
+
+
+MUNGED = Daemon("munged", {"munged"}, RUN / "munge" / "munged.pid", LOG / "munged.log")
+MYSQLD_SAFE = Daemon("mysqld_safe", {"mysqld_safe"}, RUN / "mysqld_safe.pid", LOG / "mariadb.err")
+MYSQLD = Daemon("mariadbd", {"mariadbd", "mysqld"}, RUN / "mysql" / "mysqld.pid", LOG / "mariadb.err")
+SLURMDBD = Daemon("slurmdbd", {"slurmdbd"}, RUN / "slurm" / "slurmdbd.pid", SLURM_LOG_DIR / "slurmdbd.log")
+SLURMCTLD = Daemon("slurmctld", {"slurmctld"}, RUN / "slurm" / "slurmctld.pid", SLURM_LOG_DIR / "slurmctld.log")
+SLURMDS = {
+    n: Daemon(f"slurmd-{n}", {"slurmd"}, RUN / f"slurmd-{n}.pid", SLURM_LOG_DIR / f"slurmd-{n}.log", ("-N", n))
+    for n in NODES
+}
+ALL_DAEMONS = [MUNGED, MYSQLD_SAFE, MYSQLD, SLURMDBD, SLURMCTLD, *SLURMDS.values()]
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def step(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run(cmd: list[str], timeout: float = 30, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    try:
+        cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+    except subprocess.TimeoutExpired as e:
+        if check:
+            raise Failure(f"command timed out after {timeout}s: {' '.join(cmd)}") from e
+        return subprocess.CompletedProcess(cmd, 124, "", "timeout")
+    if check and cp.returncode != 0:
+        raise Failure(f"command failed ({cp.returncode}): {' '.join(cmd)}\n{cp.stdout}{cp.stderr}".rstrip())
+    return cp
+
+
+def spawn_daemon(cmd: list[str], name: str) -> None:
+    """Run a self-daemonizing command; its early output goes to <state>/log/<name>.start.out."""
+    out = LOG / f"{name}.start.out"
+    with open(out, "wb") as f:
+        try:
+            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True, timeout=30).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    if rc != 0:
+        raise Failure(f"{name}: '{' '.join(cmd)}' exited {rc}: {out.read_text(errors='replace').strip()}")
+
+
+def wait_for(pred, timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if pred():
+                return True
+        except Exception:  # noqa: BLE001 - predicate errors mean "not yet"
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def tail(path: Path, n: int = 25) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+    return "\n".join(lines[-n:])
+
+
+def write_if_changed(path: Path, content: str, mode: int, owner: str = "root", group: str | None = None) -> bool:
+    """Write atomically; return True if the content changed. Always fixes mode/owner."""
+    uid = pwd.getpwnam(owner).pw_uid
+    gid = grp.getgrnam(group or owner).gr_gid if (group or owner) != "root" else 0
+    changed = True
+    try:
+        changed = path.read_text() != content
+    except OSError:
+        pass
+    if changed:
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(content)
+        os.chown(tmp, uid, gid)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    os.chown(path, uid, gid)
+    os.chmod(path, mode)
+    return changed
+
+
+def mkdir(path: Path, mode: int, owner: str = "root", group: str | None = None) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    uid = pwd.getpwnam(owner).pw_uid
+    gid = grp.getgrnam(group or owner).gr_gid if (group or owner) != "root" else 0
+    os.chown(path, uid, gid)
+    os.chmod(path, mode)
+
+
+def touch(path: Path, mode: int, owner: str) -> None:
+    if not path.exists():
+        path.touch()
+    os.chown(path, pwd.getpwnam(owner).pw_uid, pwd.getpwnam(owner).pw_gid)
+    os.chmod(path, mode)
+
+
+def hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+# --------------------------------------------------------------------------------------------- steps
+
+
+def ensure_packages() -> None:
+    missing = [b for b in REQUIRED_BINARIES if not os.access(b, os.X_OK)]
+    if not missing:
+        return
+    step(f"packages: installing {' '.join(PACKAGES)} (missing {', '.join(missing)})")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    # No systemd: keep package scripts from starting munge/mariadb themselves (we start them by PID).
+    policy = Path("/usr/sbin/policy-rc.d")
+    created_policy = False
+    if not policy.exists():
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+        created_policy = True
+    try:
+        run(["apt-get", "update"], timeout=600, env=env)
+        run(["apt-get", "install", "-y", *PACKAGES], timeout=1200, env=env)
+    finally:
+        if created_policy:
+            policy.unlink(missing_ok=True)
+    still = [b for b in REQUIRED_BINARIES if not os.access(b, os.X_OK)]
+    if still:
+        raise Failure(f"packages: still missing after install: {', '.join(still)}")
+
+
+def ensure_hooks() -> None:
+    for hook in (PROLOG, EPILOG):
+        if not hook.is_file():
+            raise Failure(f"hooks: {hook} does not exist; Prolog/Epilog failures would drain the nodes")
+        hook.chmod(hook.stat().st_mode | 0o555)
+
+
+def ensure_dirs() -> bool:
+    """Create directories and placeholder GPU devices; True if a device node was (re)created."""
+    devices_changed = False
+    mkdir(STATE, 0o755)
+    mkdir(RUN, 0o755)
+    mkdir(RUN / "munge", 0o755, "munge")
+    mkdir(RUN / "mysql", 0o755, "mysql")
+    mkdir(RUN / "slurm", 0o755, "slurm")
+    mkdir(LOG, 0o755)
+    mkdir(SPOOL, 0o755)
+    mkdir(SPOOL / "slurmctld", 0o700, "slurm")
+    mkdir(SPOOL / "slurmd", 0o755)
+    for n in NODES:
+        mkdir(SPOOL / "slurmd" / n, 0o755)
+    mkdir(STATE / "shared", 0o1777)
+    mkdir(STATE / "node", 0o755)
+    # Node-local stand-ins, one tree per slurmd (site storage roots use %n). Until the root prolog
+    # prepares per-job directories itself, scratch is a sticky world-writable root like /tmp.
+    for n in NODES:
+        mkdir(STATE / "node" / n, 0o755)
+        mkdir(STATE / "node" / n / "scratch", 0o1777)
+    mkdir(SLURM_LOG_DIR, 0o755, "slurm")
+    mkdir(ETC_SLURM, 0o755)
+    mkdir(MUNGE_RUN, 0o755, "munge")
+    mkdir(MYSQL_RUN, 0o755, "mysql", "root")
+    # Placeholder GPUs: char devices 1:3 (like /dev/null) so slurmd accepts them as devices.
+    mkdir(DEV, 0o755)
+    for n in NODES:
+        mkdir(DEV / n, 0o755)
+        for i in range(GPUS_PER_NODE):
+            p = DEV / n / f"nvidia{i}"
+            try:
+                st = p.lstat()
+                if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3):
+                    continue
+            except FileNotFoundError:
+                st = None
+            try:
+                tmp = p.with_name(f".{p.name}.tmp")
+                tmp.unlink(missing_ok=True)
+                os.mknod(tmp, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+                os.chmod(tmp, 0o666)
+                os.replace(tmp, p)
+                devices_changed = True
+            except OSError:
+                # Fallback: plain file. slurmd then logs "is not a valid character or block device".
+                if st is None:
+                    p.touch(0o666)
+                    devices_changed = True
+    return devices_changed
+
+
+def db_password() -> str:
+    if PW_FILE.exists():
+        os.chmod(PW_FILE, 0o600)
+        return PW_FILE.read_text().strip()
+    pw = secrets.token_hex(16)
+    fd = os.open(PW_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(pw + "\n")
+    return pw
+
+
+def slurm_conf() -> str:
+    host = hostname()
+    lines = [
+        "# Generated by slurm-bt devcluster/devcluster.py -- do not edit (rewritten by `up`).",
+        f"ClusterName={CLUSTER}",
+        f"SlurmctldHost={host}(127.0.0.1)",
+        f"SlurmctldPort={CTLD_PORT}",
+        "SlurmdPort=6818",
+        "SlurmUser=slurm",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        "MpiDefault=none",
+        "MailProg=/bin/true",
+        "SwitchType=switch/none",
+        f"StateSaveLocation={SPOOL / 'slurmctld'}",
+        f"SlurmdSpoolDir={SPOOL / 'slurmd'}/%n",
+        f"SlurmctldPidFile={SLURMCTLD.pidfile}",
+        f"SlurmdPidFile={RUN}/slurmd-%n.pid",
+        f"SlurmctldLogFile={SLURMCTLD.log}",
+        f"SlurmdLogFile={SLURM_LOG_DIR}/slurmd-%n.log",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "DefMemPerCPU=2000",
+        "GresTypes=gpu",
+        "SlurmdParameters=config_overrides",
+        "ReturnToService=2",
+        "KillWait=5",
+        "InactiveLimit=0",
+        "MinJobAge=300",
+        "SlurmctldTimeout=60",
+        "SlurmdTimeout=120",
+        "MessageTimeout=10",
+        "SchedulerType=sched/backfill",
+        # Jobs start within ~1 s of submission (events trigger the scheduler; these bound the periodic passes).
+        # SchedulerTimeSlice only matters for gang scheduling, so it is not set.
+        "SchedulerParameters=nohold_on_prolog_fail,sched_interval=2,bf_interval=2,batch_sched_delay=0",
+        "PriorityType=priority/basic",
+        "JobCompType=jobcomp/none",
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        "AccountingStorageHost=localhost",
+        f"AccountingStoragePort={DBD_PORT}",
+        "AccountingStorageTRES=gres/gpu",
+        "AccountingStoreFlags=job_script,job_env,job_comment",
+        "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherFrequency=5",
+        f"Prolog={PROLOG}",
+        f"Epilog={EPILOG}",
+        # Contain (implies Alloc) works with proctrack/linuxproc here: jobs get an .extern step; slurmctld logs a
+        # harmless "If using PrologFlags=Contain for pam_slurm_adopt ..." error. DeferBatch does NOT imply Alloc
+        # on 22.05; with it the batch script starts only after the Prolog finished on all nodes.
+        "PrologFlags=Alloc,Contain,DeferBatch",
+        "PrologEpilogTimeout=120",
+        "",
+    ]
+    for name, (addr, port) in sorted(NODES.items()):
+        lines.append(
+            f"NodeName={name} NodeHostname={host} NodeAddr={addr} Port={port} CPUs={NODE_CPUS} Boards=1 "
+            f"SocketsPerBoard=1 CoresPerSocket={NODE_CPUS} ThreadsPerCore=1 RealMemory={NODE_MEM_MB} "
+            f"Gres=gpu:{GRES_TYPE}:{GPUS_PER_NODE} State=UNKNOWN"
+        )
+    nodes = ",".join(sorted(NODES))  # "n1,n2"; Slurm prints it as n[1-2]
+    lines += [
+        f"PartitionName=gpu Nodes={nodes} Default=YES MaxTime=INFINITE OverSubscribe=NO State=UP",
+        f"PartitionName=staging Nodes={nodes} Default=NO MaxTime=INFINITE OverSubscribe=NO State=UP",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def gres_conf() -> str:
+    lines = ["# Generated by slurm-bt devcluster/devcluster.py. Placeholder devices (char 1:3), one set per node.",
+             "AutoDetect=off"]
+    for name in sorted(NODES):
+        lines.append(f"NodeName={name} Name=gpu Type={GRES_TYPE} File={DEV / name}/nvidia[0-{GPUS_PER_NODE - 1}]")
+    return "\n".join(lines) + "\n"
+
+
+def dbd_conf(pw: str) -> str:
+    return "\n".join([
+        "# Generated by slurm-bt devcluster/devcluster.py -- do not edit (rewritten by `up`).",
+        "AuthType=auth/munge",
+        "DbdHost=localhost",
+        f"DbdPort={DBD_PORT}",
+        "SlurmUser=slurm",
+        "DebugLevel=info",
+        f"LogFile={SLURMDBD.log}",
+        f"PidFile={SLURMDBD.pidfile}",
+        "StorageType=accounting_storage/mysql",
+        "StorageHost=localhost",
+        f"StorageUser={DB_USER}",
+        f"StoragePass={pw}",
+        f"StorageLoc={DB_NAME}",
+        "",
+    ])
+
+
+SLURM_CONF_STAMP = RUN / "slurm-conf.sha256"  # hash of slurm.conf+gres.conf the running daemons were started with
+DBD_CONF_STAMP = RUN / "slurmdbd-conf.sha256"
+
+
+def conf_hash(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def stamp_differs(stamp: Path, digest: str) -> bool:
+    try:
+        return stamp.read_text().strip() != digest
+    except OSError:
+        return True
+
+
+def write_configs(pw: str) -> tuple[bool, bool]:
+    """Write configs; returns (slurm daemons need restart, slurmdbd needs restart) if they run with older ones."""
+    c1 = write_if_changed(SLURM_CONF, slurm_conf(), 0o644)
+    c2 = write_if_changed(GRES_CONF, gres_conf(), 0o644)
+    c3 = write_if_changed(DBD_CONF, dbd_conf(pw), 0o600, "slurm")
+    if c1 or c2 or c3:
+        step(f"configs: wrote {', '.join(str(p) for p, c in ((SLURM_CONF, c1), (GRES_CONF, c2), (DBD_CONF, c3)) if c)}")
+    return (stamp_differs(SLURM_CONF_STAMP, conf_hash(SLURM_CONF, GRES_CONF)),
+            stamp_differs(DBD_CONF_STAMP, conf_hash(DBD_CONF)))
+
+
+def munge_works() -> bool:
+    enc = run(["munge", "-n"], timeout=5, check=False)
+    if enc.returncode != 0:
+        return False
+    dec = subprocess.run(["unmunge"], input=enc.stdout, capture_output=True, text=True, timeout=5)
+    return dec.returncode == 0
+
+
+def ensure_munge() -> None:
+    if not MUNGE_KEY.exists():
+        if shutil.which("mungekey"):
+            run(["mungekey", "--create", f"--keyfile={MUNGE_KEY}"])
+        else:
+            MUNGE_KEY.write_bytes(os.urandom(1024))
+        step(f"munged: created {MUNGE_KEY}")
+    mu = pwd.getpwnam("munge")
+    os.chown(MUNGE_KEY, mu.pw_uid, mu.pw_gid)
+    os.chmod(MUNGE_KEY, 0o400)
+    pid = MUNGED.pid()
+    if pid:
+        if munge_works():
+            step(f"munged: running (pid {pid})")
+            return
+        MUNGED.stop()
+    elif munge_works():
+        step("munged: a munged not started by devcluster already answers on /run/munge; using it")
+        return
+    touch(MUNGED.log, 0o640, "munge")
+    MUNGED.remove_pidfile()
+    spawn_daemon(["runuser", "-u", "munge", "--", "/usr/sbin/munged", "-f", f"--pid-file={MUNGED.pidfile}",
+                  f"--log-file={MUNGED.log}"], "munged")
+    if not wait_for(lambda: MUNGED.pid() and munge_works(), 10):
+        raise Failure("munged: did not come up within 10s", MUNGED.log)
+    step(f"munged: started (pid {MUNGED.pid()})")
+
+
+def mysql(sql: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(["mariadb", "--protocol=socket", f"--socket={MYSQL_SOCK}", "-u", "root", "-N", "-B", "-e", sql],
+               timeout=20, check=check)
+
+
+def mariadb_answers() -> bool:
+    return MYSQL_SOCK.exists() and mysql("SELECT 1", check=False).returncode == 0
+
+
+def ensure_mariadb(pw: str) -> None:
+    pid = MYSQLD.pid()
+    if pid and mariadb_answers():
+        step(f"mariadb: running (pid {pid})")
+    elif not pid and mariadb_answers():
+        step("mariadb: a server not started by devcluster already answers on /run/mysqld; using it")
+    else:
+        if pid:
+            MYSQLD.stop(30)
+        MYSQLD_SAFE.stop(5)
+        if not Path("/var/lib/mysql/mysql").is_dir():
+            step("mariadb: initialising /var/lib/mysql")
+            run(["mariadb-install-db", "--user=mysql", "--datadir=/var/lib/mysql"], timeout=120)
+        touch(MYSQLD.log, 0o640, "mysql")
+        MYSQLD.remove_pidfile()
+        with open(LOG / "mysqld_safe.start.out", "wb") as out:
+            proc = subprocess.Popen(
+                ["/usr/bin/mysqld_safe", "--user=mysql", "--skip-syslog", f"--log-error={MYSQLD.log}",
+                 f"--pid-file={MYSQLD.pidfile}", f"--socket={MYSQL_SOCK}", "--innodb-lock-wait-timeout=900"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd="/",
+            )
+        MYSQLD_SAFE.pidfile.write_text(f"{proc.pid}\n")
+        if not wait_for(lambda: proc.poll() is None and MYSQLD.pid() and mariadb_answers(), 40, 0.3):
+            raise Failure("mariadb: did not answer on %s within 40s" % MYSQL_SOCK, MYSQLD.log)
+        step(f"mariadb: started (mysqld_safe pid {proc.pid}, mariadbd pid {MYSQLD.pid()})")
+    try:  # mariadbd writes it 0660; `status` as a normal user needs to read it
+        os.chmod(MYSQLD.pidfile, 0o644)
+    except OSError:
+        pass
+    mysql(
+        f"CREATE DATABASE IF NOT EXISTS {DB_NAME}; "
+        f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{pw}'; "
+        f"ALTER USER '{DB_USER}'@'localhost' IDENTIFIED BY '{pw}'; "
+        f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'localhost'; FLUSH PRIVILEGES;"
+    )
+
+
+def dbd_answers() -> bool:
+    cp = run(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], timeout=10, check=False)
+    return cp.returncode == 0
+
+
+def ensure_slurmdbd(restart: bool) -> None:
+    pid = SLURMDBD.pid()
+    if pid and restart:
+        step(f"slurmdbd: config changed, restarting ({SLURMDBD.stop()})")
+        pid = None
+    if pid:
+        if not wait_for(dbd_answers, 15):
+            raise Failure(f"slurmdbd: running (pid {pid}) but sacctmgr gets no answer", SLURMDBD.log)
+        step(f"slurmdbd: running (pid {pid})")
+    else:
+        SLURMDBD.remove_pidfile()
+        spawn_daemon(["/usr/sbin/slurmdbd"], "slurmdbd")
+        if not wait_for(lambda: SLURMDBD.pid() and dbd_answers(), 40, 0.5):
+            raise Failure("slurmdbd: did not answer within 40s", SLURMDBD.log)
+        step(f"slurmdbd: started (pid {SLURMDBD.pid()})")
+    DBD_CONF_STAMP.write_text(conf_hash(DBD_CONF) + "\n")
+    clusters = run(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"]).stdout.split()
+    if CLUSTER not in clusters:
+        run(["sacctmgr", "-i", "add", "cluster", CLUSTER])
+        step(f"slurmdbd: added cluster {CLUSTER}")
+    ensure_associations()
+
+
+def ensure_associations() -> None:
+    """Account `default` + an association for every existing human user (uid 1000..59999).
+
+    AccountingStorageEnforce stays unset, so unassociated users can still run; but on 22.05 `sacct --json`
+    reports "user": null for jobs of users without an association (text sacct is fine).
+    """
+    accounts = run(["sacctmgr", "-n", "-P", "list", "account", "format=account"]).stdout.split()
+    if ACCOUNT not in accounts:
+        run(["sacctmgr", "-i", "add", "account", ACCOUNT, f"cluster={CLUSTER}", "description=devcluster",
+             "organization=slurm-bt"])
+    have = set(run(["sacctmgr", "-n", "-P", "list", "user", "format=user"]).stdout.split())
+    want = sorted({p.pw_name for p in pwd.getpwall() if 1000 <= p.pw_uid < 60000} - have)
+    if want:
+        run(["sacctmgr", "-i", "add", "user", ",".join(want), f"account={ACCOUNT}", f"cluster={CLUSTER}"])
+        step(f"slurmdbd: associated users {','.join(want)} with account {ACCOUNT}")
+
+
+def ctld_answers() -> bool:
+    cp = run(["scontrol", "ping"], timeout=10, check=False)
+    return cp.returncode == 0 and "is UP" in cp.stdout
+
+
+def ensure_slurmctld(restart: bool) -> None:
+    pid = SLURMCTLD.pid()
+    if pid and restart:
+        step(f"slurmctld: config changed, restarting ({SLURMCTLD.stop()})")
+        pid = None
+    if pid:
+        if not wait_for(ctld_answers, 15):
+            raise Failure(f"slurmctld: running (pid {pid}) but `scontrol ping` gets no answer", SLURMCTLD.log)
+        step(f"slurmctld: running (pid {pid})")
+        return
+    SLURMCTLD.remove_pidfile()
+    spawn_daemon(["/usr/sbin/slurmctld"], "slurmctld")
+    if not wait_for(lambda: SLURMCTLD.pid() and ctld_answers(), 40, 0.3):
+        raise Failure("slurmctld: did not answer `scontrol ping` within 40s", SLURMCTLD.log)
+    step(f"slurmctld: started (pid {SLURMCTLD.pid()})")
+
+
+def ensure_slurmds(restart: bool) -> None:
+    # A slurmd left running with a different config must restart too.
+    for name, d in SLURMDS.items():
+        pid = d.pid()
+        if pid and restart:
+            step(f"slurmd {name}: config changed, restarting ({d.stop()})")
+            pid = None
+        if pid:
+            step(f"slurmd {name}: running (pid {pid})")
+            continue
+        d.remove_pidfile()
+        spawn_daemon(["/usr/sbin/slurmd", "-N", name], f"slurmd-{name}")
+        if not wait_for(d.pid, 20):
+            raise Failure(f"slurmd {name}: no live pid in {d.pidfile} within 20s", d.log)
+        step(f"slurmd {name}: started (pid {d.pid()})")
+
+
+def node_states() -> dict[str, str]:
+    cp = run(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=10)
+    states: dict[str, str] = {}
+    for line in cp.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            states[parts[0]] = parts[1].lower()  # e.g. idle, idle*, drained, down*
+    return states
+
+
+def ensure_nodes_healthy() -> None:
+    resumed: set[str] = set()
+
+    def ok() -> bool:
+        states = node_states()
+        good = True
+        for name in NODES:
+            st = states.get(name, "missing")
+            if st.rstrip("*~#!%$@^-") in HEALTHY_NODE_STATES and not st.endswith("*"):
+                continue
+            good = False
+            base = st.rstrip("*~#!%$@^-")
+            if name not in resumed and ("drain" in base or base in ("down", "fail", "failing")) and not st.endswith("*"):
+                run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
+                resumed.add(name)
+                step(f"nodes: {name} was {st}; resumed")
+        return good
+
+    if not wait_for(ok, 40, 0.5):
+        states = node_states()
+        bad = [n for n in NODES if states.get(n, "missing").rstrip("*~#!%$@^-") not in HEALTHY_NODE_STATES]
+        reasons = run(["sinfo", "-R", "-h", "-o", "%n %E"], check=False).stdout.strip()
+        logs = SLURMDS[bad[0]].log if bad else SLURMCTLD.log
+        raise Failure(f"nodes: not healthy within 40s: {states} {reasons}", logs)
+    step("nodes: " + " ".join(f"{k}={v}" for k, v in sorted(node_states().items())))
+
+
+def write_cluster_json() -> None:
+    data = {
+        "cluster": CLUSTER,
+        "nodes": {n: addr for n, (addr, _port) in sorted(NODES.items())},
+        "node_ports": {n: port for n, (_addr, port) in sorted(NODES.items())},
+        "partitions": PARTITIONS,
+        "default_partition": "gpu",
+        "gres_type": GRES_TYPE,
+        "gpus_per_node": GPUS_PER_NODE,
+        "cpus_per_node": NODE_CPUS,
+        "mem_per_node_mb": NODE_MEM_MB,
+        "state_dir": str(STATE),
+        "shared_dir": str(STATE / "shared"),
+        "node_local_dir": str(STATE / "node"),
+        "slurm_conf": str(SLURM_CONF),
+        "prolog": str(PROLOG),
+        "epilog": str(EPILOG),
+    }
+    write_if_changed(CLUSTER_JSON, json.dumps(data, indent=2) + "\n", 0o644)
+
+
+# --------------------------------------------------------------------------------------------- commands
+
+
+def cmd_up() -> int:
+    t0 = time.monotonic()
+    ensure_packages()
+    ensure_hooks()
+    devices_changed = ensure_dirs()
+    pw = db_password()
+    slurm_changed, dbd_changed = write_configs(pw)
+    if devices_changed:
+        step(f"gpus: placeholder devices (re)created under {DEV}")
+    ensure_munge()
+    ensure_mariadb(pw)
+    ensure_slurmdbd(dbd_changed)
+    ensure_slurmctld(slurm_changed)
+    ensure_slurmds(slurm_changed or devices_changed)
+    SLURM_CONF_STAMP.write_text(conf_hash(SLURM_CONF, GRES_CONF) + "\n")
+    ensure_nodes_healthy()
+    write_cluster_json()
+    step(f"up: cluster {CLUSTER} ready in {time.monotonic() - t0:.1f}s (state {STATE})")
+    return 0
+
+
+def cmd_down() -> int:
+    # Reverse start order. mariadbd first, then its mysqld_safe wrapper (which ignores SIGTERM and exits
+    # by itself after a clean server shutdown).
+    order = [*reversed(SLURMDS.values()), SLURMCTLD, SLURMDBD, MYSQLD, MYSQLD_SAFE, MUNGED]
+    for d in order:
+        bound = 30.0 if d is MYSQLD else (3.0 if d is MYSQLD_SAFE else 15.0)
+        step(f"{d.name}: {d.stop(bound)}")
+    return 0
+
+
+def cmd_status() -> int:
+    all_up = True
+    for d in ALL_DAEMONS:
+        pid_in_file = d.read_pid()
+        pid = d.pid()
+        if pid:
+            print(f"{d.name:<12} pid {pid:<8} alive")
+        else:
+            all_up = False
+            print(f"{d.name:<12} pid {pid_in_file if pid_in_file else '-':<8} dead")
+    if SLURMCTLD.pid():
+        try:
+            states = node_states()
+            print("nodes        " + " ".join(f"{k}={v}" for k, v in sorted(states.items())))
+            if any(states.get(n, "missing").rstrip("*~#!%$@^-") not in HEALTHY_NODE_STATES
+                   or states.get(n, "").endswith("*") for n in NODES):
+                all_up = False
+        except Failure:
+            all_up = False
+    print("status: up" if all_up else "status: not (fully) up")
+    return 0 if all_up else 1
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[1] not in ("up", "down", "status"):
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    if os.geteuid() != 0 and argv[1] != "status":
+        print("devcluster: must run as root", file=sys.stderr)
+        return 2
+    os.umask(0o022)
+    try:
+        if argv[1] != "status":  # serialise concurrent up/down runs
+            STATE.mkdir(parents=True, exist_ok=True)
+            lock = open(STATE / ".lock", "w")  # noqa: SIM115 - held until exit
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return {"up": cmd_up, "down": cmd_down, "status": cmd_status}[argv[1]]()
+    except Failure as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        if e.log is not None:
+            print(f"--- last lines of {e.log} ---\n{tail(e.log)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

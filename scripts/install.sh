@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install slurm-bt and everything it needs on a fresh Debian 12 machine (run as root), idempotently:
+# Debian packages (Slurm 22.05, slurmdbd, munge, MariaDB, ...), a virtualenv at /opt/slurm-bt/venv
+# with slurm-bt installed from this checkout, `bt-sbatch`/`slurm-bt` on PATH, and the dev cluster up.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${SLURM_BT_VENV:-/opt/slurm-bt/venv}"
+say() { printf 'install: %s\n' "$*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install: run as root (it installs Debian packages and starts the dev cluster)" >&2
+  exit 1
+fi
+
+pkgs=(slurm-wlm slurmdbd munge mariadb-server python3-venv python3-dev bubblewrap openssh-server
+      util-linux procps iproute2 passwd)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  say "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Debian's python3 (not a per-user pyenv): job users on compute nodes must be able to run it.
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating $venv"
+  /usr/bin/python3 -m venv "$venv"
+fi
+say "pip install -e $repo[dev,s3,hf,gcs,ssh]"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$repo[dev,s3,hf,gcs,ssh]"
+for tool in bt-sbatch slurm-bt; do
+  ln -sf "$venv/bin/$tool" "/usr/local/bin/$tool"
+done
+chmod -R a+rX "$venv"
+
+say "bringing up the dev cluster"
+/usr/bin/python3 "$repo/devcluster/devcluster.py" up

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs (idempotent), brings up the dev cluster, then runs
+# ruff, mypy and pytest (unit, golden and integration tests on the real local Slurm).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${SLURM_BT_VENV:-/opt/slurm-bt/venv}"
+bash "$repo/scripts/install.sh"
+cd "$repo"
+echo "test: ruff"
+"$venv/bin/ruff" check slurm_bt tests devcluster examples
+echo "test: mypy --strict"
+"$venv/bin/mypy" slurm_bt
+echo "test: pytest"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

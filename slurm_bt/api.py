@@ -1,0 +1,83 @@
+"""The Python API, shaped like truss_train's ``push``.
+
+``push(Path("config.py"))`` loads and submits a config file; ``push(project)`` submits a
+TrainingProject built in code, snapshotting ``source_dir`` (default: the current directory). The
+returned dict has the keys callers of truss_train rely on (``id``, ``training_project.id``/``name``,
+``current_status``, ...), with ``id`` being the Slurm job id.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slurm_bt.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    from slurm_bt.compat.definitions import TrainingProject
+
+__all__ = ["push"]
+
+_LOCAL_REMOTES = {None, "baseten", "local"}
+
+
+def push(
+    config: Path | TrainingProject,
+    *,
+    remote: str | None = None,
+    source_dir: Path | None = None,
+    team_id: str | None = None,
+) -> dict[str, Any]:
+    """Submit a training project to Slurm and return a truss_train-shaped job dict.
+
+    Args:
+        config: a ``pathlib.Path`` to a config.py, or a TrainingProject object (as upstream, a plain
+            ``str`` is treated as neither and rejected).
+        remote: ``None``/"baseten"/"local" submit on this machine.
+        source_dir: the folder to snapshot when ``config`` is an object (default: cwd).
+        team_id: accepted for compatibility; teams are Slurm accounts here (pass ``--account``).
+    """
+    from slurm_bt.compat.definitions import TrainingProject
+    from slurm_bt.compat.loader import load_training_project
+    from slurm_bt.submit import submit_project
+
+    if remote not in _LOCAL_REMOTES:
+        raise UserError("push", [Problem("remote", f"unknown remote {remote!r}; only local submission "
+                                         "is available in this version")])
+    job_object = None
+    if isinstance(config, Path):
+        source = os.fspath(config)
+        project = load_training_project(config)
+        config_path = config.resolve()
+        job_object = project.job
+    elif isinstance(config, TrainingProject):
+        project = config
+        source = "push"
+        config_path = (source_dir or Path.cwd()).resolve() / "config.py"
+    else:
+        raise UserError("push", [Problem("config", f"expected a pathlib.Path or a TrainingProject, "
+                                         f"got {type(config).__name__}")])
+    result = submit_project(project, config_path=config_path, source=source)
+    spec = result.spec
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat()
+    instance = f"{spec.nodes}x{spec.accelerator}:{spec.gpus_per_node}" if spec.accelerator else f"{spec.nodes}xCPU"
+    out: dict[str, Any] = {
+        "id": result.job_id,
+        "name": spec.job_name or None,
+        "training_project": {"id": spec.project_id, "name": spec.project_name},
+        "current_status": "TRAINING_JOB_PENDING",
+        "instance_type": {"name": instance, "gpu_type": spec.accelerator, "gpu_count": spec.gpus_per_node,
+                          "cpu_count": spec.cpus_per_task, "memory_mib": spec.mem_mib},
+        "created_at": now,
+        "updated_at": now,
+        "priority": spec.priority,
+        "availability_model": spec.availability_model,
+        "user": {"email": spec.context.user},
+        "error_message": None,
+        "job_dir": spec.context.job_dir,
+    }
+    if job_object is not None:
+        out["job_object"] = job_object
+    return out

@@ -1,0 +1,49 @@
+"""``bt-sbatch`` / ``slurm-bt submit``: submit a truss_train-style config.py as a Slurm job."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from slurm_bt.cli.errors import handle_errors
+
+__all__ = ["submit_command"]
+
+
+def _submit(config: str, sbatch_args: tuple[str, ...], dry_run: bool, parsable: bool, as_json: bool,
+            debug: bool) -> None:
+    from slurm_bt.submit import submit_config
+
+    with handle_errors("bt-sbatch", debug=debug):
+        result = submit_config(config, sbatch_args=sbatch_args, dry_run=dry_run)
+    for warning in result.warnings:
+        click.echo(f"bt-sbatch: warning: {warning}", err=True)
+    if dry_run:
+        click.echo(result.script, nl=False)
+    elif as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    elif parsable:
+        click.echo(result.job_id)
+    else:
+        click.echo(f"Submitted batch job {result.job_id}")
+
+
+def _make(name: str) -> click.Command:
+    @click.command(name=name, context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing (no Slurm needed).")
+    @click.option("--parsable", is_flag=True, help="Print only the job id, like sbatch --parsable.")
+    @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary of the submission.")
+    @click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
+    @click.argument("config", type=click.Path(dir_okay=True))
+    @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
+    def command(config: str, sbatch_args: tuple[str, ...], dry_run: bool, parsable: bool, as_json: bool,
+                debug: bool) -> None:
+        """Submit CONFIG (a truss_train config.py); arguments after `--` go to sbatch."""
+        _submit(config, sbatch_args, dry_run, parsable, as_json, debug)
+
+    return command
+
+
+submit_command = _make("submit")
+bt_sbatch_command = _make("bt-sbatch")

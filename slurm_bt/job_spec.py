@@ -1,0 +1,347 @@
+"""The frozen, validated description of one submission: what the renderer and the nodes work from.
+
+Why a separate model: the truss-compatible classes must stay mutable and lax where upstream is (configs
+assign fields after construction), while everything downstream of the login node wants one immutable
+value with site decisions already made (GRES type, partition, CPUs, memory in MiB, paths). The spec is
+written as ``job.json`` into the job's directory and read back on every node *as the job user*, so it
+holds secret *names* only, never values.
+
+:func:`build_job_spec` is pure: no I/O, no clock, no environment. Everything it needs comes in through
+:class:`SubmitContext`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from slurm_bt.errors import ConfigError, Problem
+from slurm_bt.site_settings import SiteSettings
+
+if TYPE_CHECKING:  # the compat models are only needed for typing here
+    from slurm_bt.compat.definitions import TrainingProject
+
+__all__ = [
+    "SPEC_VERSION",
+    "CacheSpec",
+    "CheckpointSpec",
+    "DockerAuthSpec",
+    "JobSpec",
+    "LoadCheckpointSpec",
+    "SubmitContext",
+    "WeightsSpec",
+    "build_job_spec",
+    "slugify",
+]
+
+SPEC_VERSION = 1
+_CONTAINER_UNSAFE = re.compile(r"[,:\s]")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SubmitContext(_Frozen):
+    """Facts about this submission that the config does not hold.
+
+    Attributes:
+        config_path: absolute path of the config file (for messages and the record).
+        source: the config path as the user typed it (prefix of every error line).
+        submit_id: unique id of this submission, chosen before sbatch returns a job id.
+        user, uid, home: the submitting user (who the job will run as).
+        job_dir: absolute path of this submission's directory in the user's workspace.
+        python: absolute interpreter that runs slurm-bt on the nodes.
+        version: slurm-bt version, recorded in the script header.
+    """
+
+    config_path: str
+    source: str
+    submit_id: str
+    user: str
+    uid: int
+    home: str
+    job_dir: str
+    python: str
+    version: str
+
+
+class WeightsSpec(_Frozen):
+    """One declared weights source (delivered by the weights subsystem; recorded here)."""
+
+    source: str
+    mount_location: str
+    allow_patterns: tuple[str, ...] | None = None
+    ignore_patterns: tuple[str, ...] | None = None
+    auth_secret_name: str | None = None
+
+
+class DockerAuthSpec(_Frozen):
+    """Registry credentials by reference: the secret names, resolved on the node at run time."""
+
+    auth_method: Literal["REGISTRY_SECRET", "GCP_SERVICE_ACCOUNT_JSON", "AWS_IAM"]
+    registry: str
+    secrets: tuple[tuple[str, str], ...]  # (role, secret name), e.g. ("secret_ref", "ghcr-token")
+
+
+class CheckpointSpec(_Frozen):
+    """CheckpointingConfig, as the nodes need it."""
+
+    enabled: bool = False
+    checkpoint_path: str | None = None
+    volume_size_gib: int | None = None
+
+
+class LoadCheckpointSpec(_Frozen):
+    """LoadCheckpointConfig: references are kept as upstream dumps them, resolved by later stages."""
+
+    enabled: bool = False
+    download_folder: str = "/tmp/loaded_checkpoints"
+    checkpoints: tuple[dict[str, Any], ...] = ()
+
+
+class CacheSpec(_Frozen):
+    """CacheConfig (read-write project and team caches)."""
+
+    enabled: bool = False
+    enable_legacy_hf_mount: bool = False
+    require_cache_affinity: bool = True
+    mount_base_path: str = "/root/.cache"
+
+
+class JobSpec(_Frozen):
+    """Everything about one submission that the batch script and the node-side code need."""
+
+    spec_version: int = SPEC_VERSION
+    context: SubmitContext
+    project_name: str
+    project_id: str
+    team_name: str | None
+    job_name: str
+    slurm_job_name: str
+    image: str
+    docker_auth: DockerAuthSpec | None
+    container_runtime: Literal["pyxis", "apptainer", "none"]
+    nodes: int
+    gpus_per_node: int
+    accelerator: str | None
+    gres_type: str | None
+    partition: str
+    cpus_per_task: int
+    mem_mib: int
+    requeue: bool
+    availability_model: str
+    priority: int | None
+    start_commands: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    secret_env: tuple[tuple[str, str], ...]
+    weights: tuple[WeightsSpec, ...]
+    checkpointing: CheckpointSpec
+    load_checkpoint: LoadCheckpointSpec
+    cache: CacheSpec
+    enable_baseten_workdir: bool
+    master_port_base: int
+    storage: dict[str, str]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def src_dir(self) -> str:
+        """The config-folder snapshot the start commands run from."""
+        return f"{self.context.job_dir}/src"
+
+    @property
+    def log_dir(self) -> str:
+        """Where Slurm writes the batch and per-node output."""
+        return f"{self.context.job_dir}/logs"
+
+    @property
+    def spec_path(self) -> str:
+        """Where this spec is stored as JSON."""
+        return f"{self.context.job_dir}/job.json"
+
+    def secret_names(self) -> list[str]:
+        """Every secret this job will read at run time, sorted, without duplicates."""
+        names = {name for _, name in self.secret_env}
+        names.update(w.auth_secret_name for w in self.weights if w.auth_secret_name)
+        if self.docker_auth:
+            names.update(name for _, name in self.docker_auth.secrets)
+        return sorted(names)
+
+
+def slugify(name: str, *, default: str, max_len: int = 63) -> str:
+    """A Slurm- and path-safe form of a user-chosen name (``[A-Za-z0-9._-]``, no leading dot)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
+    return slug[:max_len].rstrip("-.") or default
+
+
+def _docker_auth(project: TrainingProject, problems: list[Problem]) -> DockerAuthSpec | None:
+    auth = project.job.image.docker_auth
+    if auth is None:
+        return None
+    method = auth.auth_method.value if hasattr(auth.auth_method, "value") else str(auth.auth_method)
+    loc = "job.image.docker_auth"
+    secrets: list[tuple[str, str]] = []
+    if method == "REGISTRY_SECRET" and auth.registry_secret_docker_auth is not None:
+        secrets.append(("secret_ref", auth.registry_secret_docker_auth.secret_ref.name))
+    elif method == "GCP_SERVICE_ACCOUNT_JSON" and auth.gcp_service_account_json_docker_auth is not None:
+        ref = auth.gcp_service_account_json_docker_auth.service_account_json_secret_ref
+        secrets.append(("service_account_json_secret_ref", ref.name))
+    elif method == "AWS_IAM" and auth.aws_iam_docker_auth is not None:
+        sub = auth.aws_iam_docker_auth
+        secrets.append(("access_key_secret_ref", sub.access_key_secret_ref.name))
+        secrets.append(("secret_access_key_secret_ref", sub.secret_access_key_secret_ref.name))
+    elif method in {"AWS_OIDC", "GCP_OIDC"}:
+        problems.append(Problem(f"{loc}.auth_method", f"{method} is not available on Slurm clusters; "
+                                "use REGISTRY_SECRET, GCP_SERVICE_ACCOUNT_JSON or AWS_IAM"))
+        return None
+    else:
+        problems.append(Problem(loc, f"auth_method {method} needs its matching credentials block"))
+        return None
+    if not auth.registry or _CONTAINER_UNSAFE.search(auth.registry.replace(":", "")):
+        problems.append(Problem(f"{loc}.registry", f"not a registry host: {auth.registry!r}"))
+    return DockerAuthSpec(auth_method=method, registry=auth.registry, secrets=tuple(secrets))  # type: ignore[arg-type]
+
+
+def _container_path(value: str, loc: str, runtime: str, problems: list[Problem]) -> None:
+    """Paths that become container bind mounts must be expressible in pyxis/apptainer syntax."""
+    if runtime != "none" and _CONTAINER_UNSAFE.search(value):
+        problems.append(Problem(loc, f"{value!r} contains ',', ':' or whitespace, which container bind "
+                                "mounts cannot express (slurm-bt is stricter than truss here)"))
+
+
+def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitContext) -> JobSpec:
+    """Translate a validated TrainingProject into a JobSpec using the site's decisions.
+
+    Raises:
+        ConfigError: the config is valid for truss but cannot run on this site (an accelerator the
+            site does not map, an unsupported registry auth method, ...). Every problem at once.
+    """
+    from slurm_bt.compat import memory_to_mib
+
+    problems: list[Problem] = []
+    warnings: list[str] = []
+    job = project.job
+    compute = job.compute
+    runtime = job.runtime
+
+    accel_value: str | None = None
+    gpus = 0
+    spec = compute.accelerator
+    if spec is not None and spec.accelerator is not None and spec.count > 0:
+        accel_value = spec.accelerator.value
+        gpus = spec.count
+    gres_type: str | None = None
+    partition = site.default_partition
+    if accel_value is not None:
+        mapping = site.accelerators.get(accel_value)
+        if mapping is None:
+            offered = ", ".join(sorted(site.accelerators)) or "none"
+            problems.append(Problem("job.compute.accelerator.accelerator",
+                                    f"{accel_value} is not offered by this cluster (offered: {offered})"))
+        else:
+            gres_type = mapping.gres_type
+            partition = mapping.partition or site.default_partition
+
+    cpus = compute.cpu_count
+    if "cpu_count" not in compute.model_fields_set and gpus and site.cpus_per_gpu:
+        cpus = max(cpus, gpus * site.cpus_per_gpu)
+    mem_mib = memory_to_mib(compute.memory)
+    if "memory" not in compute.model_fields_set and gpus and site.mem_per_gpu:
+        mem_mib = max(mem_mib, gpus * memory_to_mib(site.mem_per_gpu))
+
+    env: list[tuple[str, str]] = []
+    secret_env: list[tuple[str, str]] = []
+    for key, value in runtime.environment_variables.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            problems.append(Problem(f"job.runtime.environment_variables.{key}",
+                                    "not a valid environment variable name"))
+            continue
+        if isinstance(value, str):
+            env.append((key, value))
+        else:
+            secret_env.append((key, value.name))
+
+    rt = site.container_runtime
+    weights = []
+    for i, w in enumerate(job.weights):
+        _container_path(w.mount_location, f"job.weights[{i}].mount_location", rt, problems)
+        secret = w.auth_secret_name or (w.auth.auth_secret_name if w.auth is not None else None)
+        weights.append(WeightsSpec(
+            source=w.source, mount_location=w.mount_location,
+            allow_patterns=tuple(w.allow_patterns) if w.allow_patterns is not None else None,
+            ignore_patterns=tuple(w.ignore_patterns) if w.ignore_patterns is not None else None,
+            auth_secret_name=secret or None,
+        ))
+
+    ckpt = runtime.checkpointing_config
+    if ckpt.checkpoint_path:
+        _container_path(ckpt.checkpoint_path, "job.runtime.checkpointing_config.checkpoint_path", rt, problems)
+    load = runtime.load_checkpoint_config
+    load_spec = LoadCheckpointSpec()
+    if load is not None:
+        load_spec = LoadCheckpointSpec(
+            enabled=load.enabled, download_folder=load.download_folder,
+            checkpoints=tuple(c.model_dump(mode="json") for c in load.checkpoints),
+        )
+        if load.enabled:
+            _container_path(load.download_folder, "job.runtime.load_checkpoint_config.download_folder",
+                            rt, problems)
+    cache = runtime.cache_config
+    cache_spec = CacheSpec()
+    if cache is not None:
+        cache_spec = CacheSpec(enabled=cache.enabled, enable_legacy_hf_mount=cache.enable_legacy_hf_mount,
+                               require_cache_affinity=cache.require_cache_affinity,
+                               mount_base_path=cache.mount_base_path)
+        if cache.enabled:
+            _container_path(cache.mount_base_path, "job.runtime.cache_config.mount_base_path", rt, problems)
+
+    docker_auth = _docker_auth(project, problems)
+    if job.interactive_session is not None:
+        warnings.append("interactive_session is not supported on Slurm and is ignored; "
+                        "use `srun --jobid=<id> --overlap --pty bash` to attach to a running job")
+    if job.priority is not None:
+        warnings.append("priority is recorded but not mapped to Slurm; pass `-- --qos=...` or "
+                        "`-- --nice=...` to bt-sbatch instead")
+    availability = getattr(compute.availability_model, "value", str(compute.availability_model))
+    if problems:
+        raise ConfigError(ctx.source, problems)
+
+    project_id = slugify(project.name, default="project")
+    job_name = job.name or ""
+    slurm_name = project_id if not job_name else f"{project_id}.{slugify(job_name, default='job')}"
+    return JobSpec(
+        context=ctx,
+        project_name=project.name,
+        project_id=project_id,
+        team_name=project.team_name,
+        job_name=job_name,
+        slurm_job_name=slurm_name[:120],
+        image=job.image.base_image,
+        docker_auth=docker_auth,
+        container_runtime=rt,
+        nodes=compute.node_count,
+        gpus_per_node=gpus,
+        accelerator=accel_value,
+        gres_type=gres_type,
+        partition=partition,
+        cpus_per_task=cpus,
+        mem_mib=mem_mib,
+        # Spot capacity is preemptible: requeueing is what a spot user expects after preemption.
+        requeue=site.requeue or availability == "spot",
+        availability_model=availability,
+        priority=job.priority,
+        start_commands=tuple(runtime.start_commands),
+        env=tuple(env),
+        secret_env=tuple(secret_env),
+        weights=tuple(weights),
+        checkpointing=CheckpointSpec(enabled=ckpt.enabled, checkpoint_path=ckpt.checkpoint_path,
+                                     volume_size_gib=ckpt.volume_size_gib),
+        load_checkpoint=load_spec,
+        cache=cache_spec,
+        enable_baseten_workdir=job.enable_baseten_workdir,
+        master_port_base=site.master_port_base,
+        storage=site.storage.model_dump(),
+        warnings=tuple(warnings),
+    )

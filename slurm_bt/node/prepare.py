@@ -1,0 +1,113 @@
+"""Step 1 of every job, on every node, as the job user: directories, secrets, the node's environment.
+
+Why a separate step before the start commands: secrets must reach only the start commands' processes,
+never the batch script's environment or anything Slurm stores. This step reads them from the user's
+own secret store (as the user, on the node, at run time) and hands them to ``node_entry.sh`` through a
+0600 file in a 0700 directory on tmpfs, which the entry script deletes as soon as it has read it.
+
+It also creates the per-job directories the ``BT_*`` variables name. On clusters whose admins install
+the slurm-bt prolog these already exist (root prepares team caches and scratch with the right owners);
+creating them here, as the user, keeps jobs working on clusters without the hooks.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from slurm_bt.atomic import make_private_dir, write_file_atomic
+from slurm_bt.errors import BtError, StorageError
+from slurm_bt.job_spec import JobSpec
+from slurm_bt.node.layout import job_layout
+from slurm_bt.node.registry_auth import enroot_credentials, registry_login
+from slurm_bt.secrets_store import SecretStore
+
+__all__ = ["encode_env", "main", "node_environment", "prepare_node"]
+
+
+def node_environment(spec: JobSpec, environ: Mapping[str, str], store: SecretStore) -> list[tuple[str, str]]:
+    """The per-node variables: layout paths, ranks, identity, then the resolved secrets (last)."""
+    job_id = environ["SLURM_JOB_ID"]
+    node_id = environ.get("SLURM_NODEID", "0")
+    layout = job_layout(spec, job_id=job_id, node=environ.get("SLURMD_NODENAME"),
+                        account=environ.get("SLURM_JOB_ACCOUNT"))
+    pw = pwd.getpwuid(os.getuid())
+    values = list(layout.env)
+    values += [
+        ("BT_NODE_RANK", node_id),
+        ("NODE_RANK", node_id),
+        ("HOME", pw.pw_dir),
+        ("USER", pw.pw_name),
+        ("LOGNAME", pw.pw_name),
+    ]
+    values += [(key, store.get(name)) for key, name in spec.secret_env]
+    if spec.docker_auth is not None and spec.container_runtime == "apptainer":
+        user, password = registry_login(spec, store)
+        values += [("APPTAINER_DOCKER_USERNAME", user), ("APPTAINER_DOCKER_PASSWORD", password)]
+    return values
+
+
+def encode_env(values: list[tuple[str, str]]) -> bytes:
+    """NUL-terminated ``NAME=value`` records: read by bash with ``read -d ''``, never evaluated."""
+    out = bytearray()
+    for name, value in values:
+        if "\0" in value:
+            raise StorageError(name, "environment values cannot contain NUL bytes")
+        out += f"{name}={value}".encode() + b"\0"
+    return bytes(out)
+
+
+def prepare_node(spec_path: Path, environ: Mapping[str, str]) -> Path:
+    """Create this node's directories and write its environment file. Returns the file's path."""
+    spec = JobSpec.model_validate_json(spec_path.read_bytes())
+    job_id = environ["SLURM_JOB_ID"]
+    layout = job_layout(spec, job_id=job_id, node=environ.get("SLURMD_NODENAME"),
+                        account=environ.get("SLURM_JOB_ACCOUNT"))
+    for path in layout.make_dirs:
+        p = Path(path)
+        if path == layout.scratch:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dir(p)
+        else:
+            p.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for link, target in layout.links:
+        if not os.path.islink(link):
+            os.symlink(target, link)
+    store = SecretStore.default()
+    runtime = Path(layout.runtime)
+    make_private_dir(runtime.parent)
+    make_private_dir(runtime)
+    if spec.docker_auth is not None and spec.container_runtime == "pyxis":
+        make_private_dir(runtime / "enroot")
+        user, password = registry_login(spec, store)
+        write_file_atomic(runtime / "enroot" / ".credentials",
+                          enroot_credentials(spec.docker_auth.registry, user, password), mode=0o600)
+    env_file = runtime / f"node-{environ.get('SLURM_NODEID', '0')}.env"
+    write_file_atomic(env_file, encode_env(node_environment(spec, environ, store)), mode=0o600)
+    return env_file
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -I -m slurm_bt.node.prepare JOB_JSON``: exit 1 with one line on any failure."""
+    args = sys.argv[1:] if argv is None else argv
+    node = os.environ.get("SLURMD_NODENAME", "?")
+    if len(args) != 1:
+        print("usage: python -m slurm_bt.node.prepare JOB_JSON", file=sys.stderr)
+        return 2
+    try:
+        prepare_node(Path(args[0]), os.environ)
+    except BtError as exc:
+        for line in exc.lines():
+            print(f"slurm-bt prepare on {node}: {line}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"slurm-bt prepare on {node}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Site configuration: the one file an admin writes to describe the cluster to slurm-bt.
+
+Why a file and not flags: every user on the login node and every hook on every compute node must
+agree on the same partitions, GRES names and storage roots. The file is TOML, strictly validated
+(unknown keys are errors, so a typo never silently falls back to a default), and read *when called*,
+never at import time.
+
+Lookup order: an explicit path, then ``$SLURM_BT_SITE_CONFIG``, then ``/etc/slurm-bt/site.toml``.
+When no file exists at the default location the built-in defaults apply; they match the embedded
+dev cluster (``devcluster/devcluster.py``). A path given explicitly or through the environment must
+exist.
+
+Path templates: storage roots may contain ``{user}``, ``{uid}`` and ``{home}`` (expanded for the
+job's user) and ``%n`` (the Slurm node name, expanded on the compute node). ``%n`` lets several
+slurmd daemons share one host, as in the dev cluster, while still having "node-local" directories.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from slurm_bt.errors import Problem, SiteConfigError
+
+__all__ = [
+    "DEFAULT_SITE_PATH",
+    "SITE_ENV_VAR",
+    "AcceleratorMapping",
+    "SiteSettings",
+    "StorageRoots",
+    "load_site_settings",
+]
+
+DEFAULT_SITE_PATH = Path("/etc/slurm-bt/site.toml")
+SITE_ENV_VAR = "SLURM_BT_SITE_CONFIG"
+
+_DEV_SHARED = "/var/lib/slurm-bt-dev/shared"
+_DEV_NODE = "/var/lib/slurm-bt-dev/node/%n"
+
+SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AcceleratorMapping(_Strict):
+    """How one truss ``Accelerator`` value maps onto this cluster.
+
+    Attributes:
+        gres_type: the gres.conf ``Type=`` for these GPUs (``--gres=gpu:<gres_type>:<count>``).
+        partition: the partition that holds them; ``None`` uses the site's default partition.
+    """
+
+    gres_type: SlurmName
+    partition: SlurmName | None = None
+
+
+class StorageRoots(_Strict):
+    """Where slurm-bt keeps data. Shared roots must be visible from every node.
+
+    Attributes:
+        cluster_cache: shared filesystem (e.g. Lustre) holding mirrored weights.
+        node_cache: node-local NVMe cache for weights.
+        scratch: node-local root of per-job scratch (``BT_SCRATCH_DIR``).
+        cache: shared root of the read-write project and team caches.
+        checkpoint_store: URI of the checkpoint store (``file://``, ``s3://``, ``gs://``, ``r2://``).
+        workspace: per-user job workspace on a shared filesystem: config snapshots, job specs,
+            logs and submission records.
+        runtime: node-local tmpfs for per-job private runtime files (resolved secrets).
+    """
+
+    cluster_cache: str = f"{_DEV_SHARED}/weights"
+    node_cache: str = f"{_DEV_NODE}/weights"
+    scratch: str = f"{_DEV_NODE}/scratch"
+    cache: str = f"{_DEV_SHARED}/cache"
+    checkpoint_store: str = f"file://{_DEV_SHARED}/checkpoints"
+    workspace: str = "{home}/.slurm-bt"
+    runtime: str = "/dev/shm"
+
+    @field_validator("cluster_cache", "node_cache", "scratch", "cache", "workspace", "runtime")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not (v.startswith("/") or v.startswith("{home}")):
+            raise ValueError("must be an absolute path (or start with {home})")
+        if "\n" in v or "\0" in v or ".." in v.split("/"):
+            raise ValueError("must not contain '..', newlines or NUL")
+        return v
+
+    @field_validator("checkpoint_store")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        scheme, sep, rest = v.partition("://")
+        if not sep or scheme not in {"file", "s3", "gs", "r2"} or not rest:
+            raise ValueError("must be a file://, s3://, gs:// or r2:// URI")
+        return v
+
+
+class SiteSettings(_Strict):
+    """The validated site configuration (see the module docstring for the file format).
+
+    Attributes:
+        default_partition: partition for jobs without an accelerator mapping of their own.
+        staging_partition: CPU partition that runs weight-mirroring jobs before GPUs are held.
+        accelerators: truss ``Accelerator`` value (``H100``) → GRES type and partition.
+        cpus_per_gpu: CPUs per GPU when the config leaves ``cpu_count`` at its default (0: off).
+        mem_per_gpu: memory per GPU (``"32Gi"``) when the config leaves ``memory`` at its default.
+        container_runtime: ``pyxis`` (``srun --container-image``), ``apptainer`` or ``none``.
+        python: absolute interpreter with slurm-bt installed on every node; ``None`` uses the one
+            running the submission (right when the install is on a shared path).
+        requeue: whether jobs are requeued by Slurm after node failure or preemption.
+        max_snapshot_bytes: size limit of a config-folder snapshot (Baseten's is 5 GB).
+        master_port_base: torchrun's ``MASTER_PORT`` is this plus the job id modulo 10000.
+        storage: storage roots.
+    """
+
+    default_partition: SlurmName = "gpu"
+    staging_partition: SlurmName = "staging"
+    accelerators: dict[str, AcceleratorMapping] = Field(
+        default_factory=lambda: {"H100": AcceleratorMapping(gres_type="h100", partition="gpu")}
+    )
+    cpus_per_gpu: int = Field(default=0, ge=0, le=1024)
+    mem_per_gpu: str | None = None
+    container_runtime: Literal["pyxis", "apptainer", "none"] = "none"
+    python: str | None = None
+    requeue: bool = False
+    max_snapshot_bytes: int = Field(default=5 * 1024**3, gt=0)
+    master_port_base: int = Field(default=20000, ge=1024, le=55000)
+    storage: StorageRoots = Field(default_factory=StorageRoots)
+
+    @model_validator(mode="after")
+    def _containers_need_uniform_paths(self) -> SiteSettings:
+        """A container bind-mount list is one string for every node, so it cannot expand ``%n``."""
+        if self.container_runtime != "none":
+            for key, value in self.storage.model_dump().items():
+                if "%n" in value:
+                    raise ValueError(f"storage.{key} uses %n, which container runtimes cannot expand; "
+                                     "use a path that is the same on every node")
+        return self
+
+    @field_validator("accelerators")
+    @classmethod
+    def _known_accelerators(cls, v: dict[str, AcceleratorMapping]) -> dict[str, AcceleratorMapping]:
+        from slurm_bt.compat.truss_config import Accelerator  # lazy: keep this module light
+
+        known = {a.value for a in Accelerator}
+        for name in v:
+            if name not in known:
+                raise ValueError(f"unknown accelerator {name!r}; expected one of {', '.join(sorted(known))}")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _abs_python(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError("must be an absolute path (hooks and jobs have no PATH)")
+        return v
+
+    @field_validator("mem_per_gpu")
+    @classmethod
+    def _mem(cls, v: str | None) -> str | None:
+        if v is not None:
+            from slurm_bt.compat import memory_to_mib
+
+            memory_to_mib(v)
+        return v
+
+
+def _site_path(path: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> tuple[Path, bool]:
+    if path is not None:
+        return Path(path), True
+    if environ.get(SITE_ENV_VAR):
+        return Path(environ[SITE_ENV_VAR]), True
+    return DEFAULT_SITE_PATH, False
+
+
+def load_site_settings(
+    path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> SiteSettings:
+    """Read and validate the site configuration.
+
+    Args:
+        path: explicit file; otherwise ``$SLURM_BT_SITE_CONFIG``, then ``/etc/slurm-bt/site.toml``.
+        environ: environment to consult (defaults to ``os.environ``); passed explicitly for tests.
+
+    Raises:
+        SiteConfigError: the file was named but is missing, is unreadable, is not TOML, or has an
+            invalid or unknown key. Every problem is reported, one line each.
+    """
+    env = os.environ if environ is None else environ
+    site_path, required = _site_path(path, env)
+    source = str(site_path)
+    try:
+        raw = site_path.read_bytes()
+    except FileNotFoundError:
+        if required:
+            raise SiteConfigError(source, [Problem("", "site configuration file not found")]) from None
+        return SiteSettings()
+    except OSError as exc:
+        raise SiteConfigError(source, [Problem("", f"cannot read site configuration: {exc.strerror}")]) from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SiteConfigError(source, [Problem("", f"not valid TOML: {exc}")]) from exc
+    try:
+        return SiteSettings.model_validate(data)
+    except ValidationError as exc:
+        problems = [
+            Problem(".".join(str(p) for p in err["loc"]), _site_message(err)) for err in exc.errors()
+        ]
+        raise SiteConfigError(source, problems) from exc
+
+
+def _site_message(err: Mapping[str, object]) -> str:
+    if err.get("type") == "extra_forbidden":
+        return "unknown setting"
+    msg = str(err.get("msg", "invalid"))
+    return msg.removeprefix("Value error, ")
+
+
+def expand_path(template: str, *, user: str, uid: int, home: str, node: str | None = None) -> str:
+    """Expand ``{user}``, ``{uid}``, ``{home}`` and (on a compute node) ``%n`` in a storage root.
+
+    Why not ``str.format``: a root is admin input and may legitimately contain other braces; only
+    these four tokens are substituted.
+    """
+    out = template.replace("{user}", user).replace("{uid}", str(uid)).replace("{home}", home)
+    if node is not None:
+        out = out.replace("%n", node)
+    return out

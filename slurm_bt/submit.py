@@ -1,0 +1,200 @@
+"""Submission (login node, as the user): config.py → validated spec → job directory → sbatch → record.
+
+The steps run in an order that keeps the quality bar: everything that can be wrong with the user's
+input is checked *before* anything is written (config, site, secrets, sbatch arguments); the job
+directory is built under a temporary name and published with one rename; if sbatch then fails the
+directory is removed again, so a failed submission leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import pwd
+import secrets as _random
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slurm_bt.atomic import make_private_dir, publish_dir_atomic, write_file_atomic
+from slurm_bt.errors import Problem, SecretError, UserError
+from slurm_bt.job_spec import JobSpec, SubmitContext, build_job_spec
+from slurm_bt.records import SubmissionRecord, write_record
+from slurm_bt.render.batch_script import ENTRY_NAME, render_batch_script, render_node_entry
+from slurm_bt.secrets_store import SecretStore
+from slurm_bt.site_settings import SiteSettings, expand_path, load_site_settings
+from slurm_bt.slurm.client import SlurmClient
+from slurm_bt.slurm.runner import CommandRunner, SubprocessRunner
+from slurm_bt.snapshot import snapshot_config_dir
+
+if TYPE_CHECKING:
+    from slurm_bt.compat.definitions import TrainingProject
+
+__all__ = ["FORBIDDEN_SBATCH_ARGS", "SubmitResult", "prepare_submission", "submit_config", "submit_project"]
+
+# Pass-through sbatch options that would undo a guarantee slurm-bt makes.
+FORBIDDEN_SBATCH_ARGS = {
+    "--export": "the job environment is explicit so that no secret from your shell reaches Slurm",
+    "--export-file": "the job environment is explicit so that no secret from your shell reaches Slurm",
+    "--get-user-env": "the job environment is explicit so that no secret from your shell reaches Slurm",
+    "--wrap": "the batch script is generated from the config",
+}
+
+
+@dataclass
+class SubmitResult:
+    """The outcome of one submission (``job_id`` is ``None`` for a dry run)."""
+
+    spec: JobSpec
+    script: str
+    job_id: str | None = None
+    record_path: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-able summary (``bt-sbatch --json``)."""
+        return {
+            "job_id": self.job_id,
+            "project_name": self.spec.project_name,
+            "project_id": self.spec.project_id,
+            "job_name": self.spec.job_name,
+            "slurm_job_name": self.spec.slurm_job_name,
+            "job_dir": self.spec.context.job_dir,
+            "submit_id": self.spec.context.submit_id,
+            "record": self.record_path,
+            "warnings": self.warnings,
+        }
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("slurm-bt")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _check_sbatch_args(args: Sequence[str]) -> None:
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        if name in FORBIDDEN_SBATCH_ARGS:
+            raise UserError("bt-sbatch", [Problem(name, f"not allowed: {FORBIDDEN_SBATCH_ARGS[name]}")])
+
+
+def prepare_submission(
+    project: TrainingProject,
+    *,
+    config_path: Path,
+    source: str,
+    site: SiteSettings,
+    now: _dt.datetime | None = None,
+) -> JobSpec:
+    """Build the JobSpec for ``project`` as the current user would submit it (no I/O besides pwd)."""
+    pw = pwd.getpwuid(os.getuid())
+    stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    submit_id = f"{stamp}-{_random.token_hex(4)}"
+    from slurm_bt.job_spec import slugify
+
+    workspace = expand_path(site.storage.workspace, user=pw.pw_name, uid=pw.pw_uid, home=pw.pw_dir)
+    job_dir = f"{workspace}/projects/{slugify(project.name, default='project')}/jobs/{submit_id}"
+    ctx = SubmitContext(
+        config_path=str(config_path), source=source, submit_id=submit_id, user=pw.pw_name,
+        uid=pw.pw_uid, home=pw.pw_dir, job_dir=job_dir, python=site.python or sys.executable,
+        version=_version(),
+    )
+    return build_job_spec(project, site, ctx)
+
+
+def _check_secrets(spec: JobSpec, store: SecretStore) -> None:
+    missing = store.missing(spec.secret_names())
+    if missing:
+        problems = [Problem("", f"secret {name!r} is referenced but not in your secret store "
+                                f"(add it with: slurm-bt secrets set {name})") for name in missing]
+        raise SecretError(spec.context.source, problems)
+
+
+def _write_job_dir(spec: JobSpec, script: str, workspace_root: Path, project: TrainingProject,
+                   max_bytes: int) -> Path:
+    final = Path(spec.context.job_dir)
+    make_private_dir(final.parent, parents=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{spec.context.submit_id}-", dir=final.parent))
+    try:
+        snapshot_config_dir(Path(spec.context.config_path), project.job.workspace, tmp / "src",
+                            max_bytes=max_bytes)
+        (tmp / "logs").mkdir(mode=0o700)
+        write_file_atomic(tmp / "job.json", spec.model_dump_json(indent=2).encode(), mode=0o600)
+        write_file_atomic(tmp / "job.sbatch", script.encode(), mode=0o600)
+        write_file_atomic(tmp / ENTRY_NAME, render_node_entry(spec).encode(), mode=0o700)
+        publish_dir_atomic(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def submit_project(
+    project: TrainingProject,
+    *,
+    config_path: Path,
+    source: str,
+    sbatch_args: Sequence[str] = (),
+    dry_run: bool = False,
+    site: SiteSettings | None = None,
+    runner: CommandRunner | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> SubmitResult:
+    """Submit an already loaded project whose files live beside ``config_path``."""
+    site = site or load_site_settings(environ=environ)
+    _check_sbatch_args(sbatch_args)
+    spec = prepare_submission(project, config_path=config_path, source=source, site=site)
+    script = render_batch_script(spec)
+    result = SubmitResult(spec=spec, script=script, warnings=list(spec.warnings))
+    store = SecretStore.default()
+    if dry_run:
+        missing = store.missing(spec.secret_names())
+        result.warnings += [f"secret {n!r} is not in your secret store yet" for n in missing]
+        return result
+    _check_secrets(spec, store)
+    pw = pwd.getpwuid(os.getuid())
+    workspace = Path(expand_path(site.storage.workspace, user=pw.pw_name, uid=pw.pw_uid, home=pw.pw_dir))
+    job_dir = _write_job_dir(spec, script, workspace, project, site.max_snapshot_bytes)
+    client = SlurmClient(runner or SubprocessRunner())
+    try:
+        job_id = client.submit(script, list(sbatch_args), env=os.environ if environ is None else environ)
+    except BaseException:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        raise
+    record = SubmissionRecord(
+        job_id=job_id, project_name=spec.project_name, project_id=spec.project_id,
+        job_name=spec.job_name, submit_id=spec.context.submit_id, job_dir=str(job_dir),
+        config_path=str(config_path), submitted_at=_dt.datetime.now(_dt.timezone.utc).isoformat(),
+        user=pw.pw_name,
+    )
+    result.job_id = job_id
+    result.record_path = str(write_record(workspace, record))
+    return result
+
+
+def submit_config(
+    config: str | os.PathLike[str],
+    *,
+    sbatch_args: Sequence[str] = (),
+    dry_run: bool = False,
+    site: SiteSettings | None = None,
+    runner: CommandRunner | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> SubmitResult:
+    """Load ``config`` (a config.py path) and submit it. Raises the slurm_bt error tree."""
+    from slurm_bt.compat.loader import load_training_project
+
+    site = site or load_site_settings(environ=environ)
+    source = os.fspath(config)
+    project = load_training_project(config)
+    return submit_project(project, config_path=Path(source).resolve(), source=source,
+                          sbatch_args=sbatch_args, dry_run=dry_run, site=site, runner=runner,
+                          environ=environ)

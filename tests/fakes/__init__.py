@@ -1,0 +1,1 @@
+"""Test doubles shared by unit tests: inject them, never patch."""
