@@ -146,7 +146,7 @@ class Daemon:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            how = "killed (SIGKILL after %.0fs)" % bound
+            how = f"killed (SIGKILL after {bound:.0f}s)"
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and self.matches(p):
                 time.sleep(0.1)
@@ -210,7 +210,7 @@ def wait_for(pred, timeout: float, interval: float = 0.2) -> bool:
         try:
             if pred():
                 return True
-        except Exception:  # noqa: BLE001 - predicate errors mean "not yet"
+        except Exception:  # a probe that errors means "not ready yet"  # noqa: S110
             pass
         if time.monotonic() >= deadline:
             return False
@@ -341,7 +341,7 @@ def ensure_dirs() -> bool:
                 tmp = p.with_name(f".{p.name}.tmp")
                 tmp.unlink(missing_ok=True)
                 os.mknod(tmp, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-                os.chmod(tmp, 0o666)
+                os.chmod(tmp, 0o666)  # noqa: S103 - a /dev/null-like placeholder GPU device
                 os.replace(tmp, p)
                 devices_changed = True
             except OSError:
@@ -562,7 +562,7 @@ def ensure_mariadb(pw: str) -> None:
             )
         MYSQLD_SAFE.pidfile.write_text(f"{proc.pid}\n")
         if not wait_for(lambda: proc.poll() is None and MYSQLD.pid() and mariadb_answers(), 40, 0.3):
-            raise Failure("mariadb: did not answer on %s within 40s" % MYSQL_SOCK, MYSQLD.log)
+            raise Failure(f"mariadb: did not answer on {MYSQL_SOCK} within 40s", MYSQLD.log)
         step(f"mariadb: started (mysqld_safe pid {proc.pid}, mariadbd pid {MYSQLD.pid()})")
     try:  # mariadbd writes it 0660; `status` as a normal user needs to read it
         os.chmod(MYSQLD.pidfile, 0o644)
@@ -682,7 +682,8 @@ def ensure_nodes_healthy() -> None:
                 continue
             good = False
             base = st.rstrip("*~#!%$@^-")
-            if name not in resumed and ("drain" in base or base in ("down", "fail", "failing")) and not st.endswith("*"):
+            bad = "drain" in base or base in ("down", "fail", "failing")
+            if name not in resumed and bad and not st.endswith("*"):
                 run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
                 resumed.add(name)
                 step(f"nodes: {name} was {st}; resumed")
@@ -786,7 +787,7 @@ def main(argv: list[str]) -> int:
     try:
         if argv[1] != "status":  # serialise concurrent up/down runs
             STATE.mkdir(parents=True, exist_ok=True)
-            lock = open(STATE / ".lock", "w")  # noqa: SIM115 - held until exit
+            lock = open(STATE / ".lock", "w")
             fcntl.flock(lock, fcntl.LOCK_EX)
         return {"up": cmd_up, "down": cmd_down, "status": cmd_status}[argv[1]]()
     except Failure as e:

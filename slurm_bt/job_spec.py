@@ -201,7 +201,7 @@ def _docker_auth(project: TrainingProject, problems: list[Problem]) -> DockerAut
         return None
     if not auth.registry or _CONTAINER_UNSAFE.search(auth.registry.replace(":", "")):
         problems.append(Problem(f"{loc}.registry", f"not a registry host: {auth.registry!r}"))
-    return DockerAuthSpec(auth_method=method, registry=auth.registry, secrets=tuple(secrets))  # type: ignore[arg-type]
+    return DockerAuthSpec(auth_method=method, registry=auth.registry, secrets=tuple(secrets))
 
 
 def _container_path(value: str, loc: str, runtime: str, problems: list[Problem]) -> None:

@@ -18,11 +18,11 @@ slurmd daemons share one host, as in the dev cluster, while still having "node-l
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurm_bt.errors import Problem, SiteConfigError
@@ -33,7 +33,9 @@ __all__ = [
     "AcceleratorMapping",
     "SiteSettings",
     "StorageRoots",
+    "expand_path",
     "load_site_settings",
+    "user_path",
 ]
 
 DEFAULT_SITE_PATH = Path("/etc/slurm-bt/site.toml")
@@ -73,6 +75,7 @@ class StorageRoots(_Strict):
         workspace: per-user job workspace on a shared filesystem: config snapshots, job specs,
             logs and submission records.
         runtime: node-local tmpfs for per-job private runtime files (resolved secrets).
+        secrets: each user's secret store (read on the nodes as the user at run time).
     """
 
     cluster_cache: str = f"{_DEV_SHARED}/weights"
@@ -82,8 +85,9 @@ class StorageRoots(_Strict):
     checkpoint_store: str = f"file://{_DEV_SHARED}/checkpoints"
     workspace: str = "{home}/.slurm-bt"
     runtime: str = "/dev/shm"
+    secrets: str = "{home}/.config/slurm-bt/secrets"
 
-    @field_validator("cluster_cache", "node_cache", "scratch", "cache", "workspace", "runtime")
+    @field_validator("cluster_cache", "node_cache", "scratch", "cache", "workspace", "runtime", "secrets")
     @classmethod
     def _absolute(cls, v: str) -> str:
         if not (v.startswith("/") or v.startswith("{home}")):
@@ -221,6 +225,14 @@ def _site_message(err: Mapping[str, object]) -> str:
         return "unknown setting"
     msg = str(err.get("msg", "invalid"))
     return msg.removeprefix("Value error, ")
+
+
+def user_path(template: str) -> str:
+    """Expand a storage template for the current user (from passwd by uid, never ``$HOME``)."""
+    import pwd
+
+    pw = pwd.getpwuid(os.getuid())
+    return expand_path(template, user=pw.pw_name, uid=pw.pw_uid, home=pw.pw_dir)
 
 
 def expand_path(template: str, *, user: str, uid: int, home: str, node: str | None = None) -> str:

@@ -203,8 +203,8 @@ def snapshot_config_dir(
     if problems:
         raise SnapshotError(source, problems)
 
-    for warning in layout.warnings:
-        logger.warning("%s: %s", source, warning)
+    for warning in layout.warnings:  # returned to the caller, who shows them; debug log only
+        logger.debug("%s: %s", source, warning)
     copied = _build_and_publish(source, entries, dest, max_bytes)
     return SnapshotInfo(
         dest=dest,

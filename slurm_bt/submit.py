@@ -26,7 +26,7 @@ from slurm_bt.job_spec import JobSpec, SubmitContext, build_job_spec
 from slurm_bt.records import SubmissionRecord, write_record
 from slurm_bt.render.batch_script import ENTRY_NAME, render_batch_script, render_node_entry
 from slurm_bt.secrets_store import SecretStore
-from slurm_bt.site_settings import SiteSettings, expand_path, load_site_settings
+from slurm_bt.site_settings import SiteSettings, load_site_settings, user_path
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.runner import CommandRunner, SubprocessRunner
 from slurm_bt.snapshot import snapshot_config_dir
@@ -100,7 +100,7 @@ def prepare_submission(
     submit_id = f"{stamp}-{_random.token_hex(4)}"
     from slurm_bt.job_spec import slugify
 
-    workspace = expand_path(site.storage.workspace, user=pw.pw_name, uid=pw.pw_uid, home=pw.pw_dir)
+    workspace = user_path(site.storage.workspace)
     job_dir = f"{workspace}/projects/{slugify(project.name, default='project')}/jobs/{submit_id}"
     ctx = SubmitContext(
         config_path=str(config_path), source=source, submit_id=submit_id, user=pw.pw_name,
@@ -118,14 +118,15 @@ def _check_secrets(spec: JobSpec, store: SecretStore) -> None:
         raise SecretError(spec.context.source, problems)
 
 
-def _write_job_dir(spec: JobSpec, script: str, workspace_root: Path, project: TrainingProject,
-                   max_bytes: int) -> Path:
+def _write_job_dir(spec: JobSpec, script: str, project: TrainingProject, max_bytes: int,
+                   warnings: list[str]) -> Path:
     final = Path(spec.context.job_dir)
     make_private_dir(final.parent, parents=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{spec.context.submit_id}-", dir=final.parent))
     try:
-        snapshot_config_dir(Path(spec.context.config_path), project.job.workspace, tmp / "src",
-                            max_bytes=max_bytes)
+        info = snapshot_config_dir(Path(spec.context.config_path), project.job.workspace, tmp / "src",
+                                   max_bytes=max_bytes)
+        warnings.extend(f"snapshot: {w}" for w in info.warnings)
         (tmp / "logs").mkdir(mode=0o700)
         write_file_atomic(tmp / "job.json", spec.model_dump_json(indent=2).encode(), mode=0o600)
         write_file_atomic(tmp / "job.sbatch", script.encode(), mode=0o600)
@@ -154,15 +155,15 @@ def submit_project(
     spec = prepare_submission(project, config_path=config_path, source=source, site=site)
     script = render_batch_script(spec)
     result = SubmitResult(spec=spec, script=script, warnings=list(spec.warnings))
-    store = SecretStore.default()
+    store = SecretStore(Path(user_path(site.storage.secrets)))
     if dry_run:
         missing = store.missing(spec.secret_names())
         result.warnings += [f"secret {n!r} is not in your secret store yet" for n in missing]
         return result
     _check_secrets(spec, store)
     pw = pwd.getpwuid(os.getuid())
-    workspace = Path(expand_path(site.storage.workspace, user=pw.pw_name, uid=pw.pw_uid, home=pw.pw_dir))
-    job_dir = _write_job_dir(spec, script, workspace, project, site.max_snapshot_bytes)
+    workspace = Path(user_path(site.storage.workspace))
+    job_dir = _write_job_dir(spec, script, project, site.max_snapshot_bytes, result.warnings)
     client = SlurmClient(runner or SubprocessRunner())
     try:
         job_id = client.submit(script, list(sbatch_args), env=os.environ if environ is None else environ)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import pwd
 import re
 from pathlib import Path
 
@@ -38,12 +36,10 @@ def _log_files(job_dir: Path, job_id: str) -> list[tuple[str, Path]]:
 def logs_command(job_id: str, node_rank: int | None, debug: bool) -> None:
     """Print JOB_ID's output: the batch step, then each node, every line tagged."""
     from slurm_bt.records import read_record
-    from slurm_bt.site_settings import expand_path, load_site_settings
+    from slurm_bt.site_settings import load_site_settings, user_path
 
     with handle_errors("slurm-bt", debug=debug):
-        site = load_site_settings()
-        pw = pwd.getpwuid(os.getuid())
-        workspace = Path(expand_path(site.storage.workspace, user=pw.pw_name, uid=pw.pw_uid, home=pw.pw_dir))
+        workspace = Path(user_path(load_site_settings().storage.workspace))
         record = read_record(workspace, job_id)
         if record is None:
             raise UserError("slurm-bt", [Problem("JOB_ID", f"job {job_id} was not submitted with slurm-bt "

@@ -40,10 +40,12 @@ def _become_placeholder(obj: pydantic.BaseModel, raw: dict[str, Any]) -> None:
 
 
 def _current_raw(obj: pydantic.BaseModel) -> dict[str, Any]:
-    """The explicitly set fields and extras of a validated instance, as constructor keywords."""
-    raw = {name: obj.__dict__[name] for name in obj.model_fields_set if name in obj.__dict__}
-    raw.update(obj.__pydantic_extra__ or {})
-    return raw
+    """The current state of a validated instance (all fields and extras) as constructor keywords.
+
+    All fields, not only the explicitly set ones: a default sub-object may have been changed in
+    place (``job.compute.node_count = 2``) and must not be lost.
+    """
+    return {**obj.__dict__, **(obj.__pydantic_extra__ or {})}
 
 
 class _LenientModel(pydantic.BaseModel):

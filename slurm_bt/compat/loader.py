@@ -183,9 +183,9 @@ def _revalidate(
         try:
             project = TrainingProject.model_validate(tree)
         except pydantic.ValidationError as exc:
-            problems.extend(problems_from_errors(
-                [dict(e) for e in exc.errors(include_url=False)], TrainingProject
-            ))
+            problems.extend(
+                problems_from_errors([dict(e) for e in exc.errors(include_url=False)], TrainingProject)
+            )
         except Exception as exc:  # a validator crashing on odd input: still one line, no traceback
             problems.append(Problem("", f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
     problems.extend(stricter_problems(project if project is not None else tree))

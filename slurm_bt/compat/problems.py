@@ -41,8 +41,19 @@ _TYPE_WORDS = {
     "none_required": "None",
 }
 _SHOW_INPUT = frozenset(
-    {*_TYPE_WORDS, "enum", "is_instance_of", "literal_error", "greater_than", "greater_than_equal",
-     "less_than", "less_than_equal", "string_too_short", "model_type", "model_attributes_type"}
+    {
+        *_TYPE_WORDS,
+        "enum",
+        "is_instance_of",
+        "literal_error",
+        "greater_than",
+        "greater_than_equal",
+        "less_than",
+        "less_than_equal",
+        "string_too_short",
+        "model_type",
+        "model_attributes_type",
+    }
 )
 
 

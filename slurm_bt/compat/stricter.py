@@ -10,6 +10,7 @@ purpose.
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 from collections.abc import Iterator
@@ -69,9 +70,8 @@ def memory_to_bytes(memory: str) -> int:
     if unit not in _MEMORY_UNITS:
         units = ", ".join(u for u in _MEMORY_UNITS if u)
         raise ValueError(f"memory {memory!r} has unknown unit {unit!r}; use one of {units}")
-    # Decimal arithmetic on the digits would be exact, but quantities this large are never
-    # fractional in practice and float keeps this simple; ceil never under-allocates.
-    return math.ceil(float(match.group("num")) * _MEMORY_UNITS[unit])
+    # Decimal, not float: "1.1Gi" must not gain or lose a byte to binary rounding.
+    return math.ceil(decimal.Decimal(match.group("num")) * _MEMORY_UNITS[unit])
 
 
 def memory_to_mib(s: str) -> int:

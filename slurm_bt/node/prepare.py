@@ -24,6 +24,7 @@ from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.layout import job_layout
 from slurm_bt.node.registry_auth import enroot_credentials, registry_login
 from slurm_bt.secrets_store import SecretStore
+from slurm_bt.site_settings import user_path
 
 __all__ = ["encode_env", "main", "node_environment", "prepare_node"]
 
@@ -76,7 +77,7 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str]) -> Path:
     for link, target in layout.links:
         if not os.path.islink(link):
             os.symlink(target, link)
-    store = SecretStore.default()
+    store = SecretStore(Path(user_path(spec.storage["secrets"])))
     runtime = Path(layout.runtime)
     make_private_dir(runtime.parent)
     make_private_dir(runtime)

@@ -24,8 +24,12 @@ What 22.05 prints, observed on the dev cluster (``tests/data/sacct/2205_*``):
 * With ``-D`` a requeued job prints one ``REQUEUED`` row per earlier run, then the current run.
 * ``Reason`` in sacct lags behind slurmctld (``Dependency`` while squeue already says
   ``DependencyNeverSatisfied``); prefer squeue's reason for live jobs.
-* ``--json`` ignores ``--format``; step ids are bare (``"batch"``); ``0`` means "no time";
-  TRES ``mem`` counts megabytes.
+* ``CANCELLED by <uid>`` lasts only until a running job's end record reaches slurmdbd; then the
+  row says ``CANCELLED`` with exit ``0:15``. Do not rely on ``cancelled_by`` being present.
+* ``--json`` ignores ``--format``; step ids are bare (``"batch"``, ``0``); ``0`` means "no time";
+  TRES ``mem`` counts megabytes; earlier runs of requeued jobs are always included; a pending
+  array's ``array.task`` is a hex bitmap (``"0xE"``); and **exit codes are lost**: ``exit 3``
+  shows as ``SUCCESS``/0 (only signals survive). Prefer the text form for exit codes.
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ REQUEUE_FED / SPECIAL_EXIT / RESV_DEL_HOLD /                          why (reaso
 PREEMPTED / REVOKED
 CONFIGURING / RESIZING                         DEPLOYING              nodes allocated, booting or
                                                                       PrologSlurmctld running
+RUNNING with reason ``Prolog`` (squeue)        DEPLOYING              the node Prolog (our staging hook)
+                                                                      still runs; seen on the dev
+                                                                      cluster with PrologFlags=Alloc
 RUNNING / COMPLETING / SIGNALING / STAGE_OUT   RUNNING                the allocation exists; COMPLETING
 / SUSPENDED / STOPPED                                                 and STAGE_OUT still run epilogs
 COMPLETED                                      COMPLETED
@@ -291,7 +294,8 @@ def lifecycle(
     explains = state is SlurmState.CANCELLED and any(
         m in why_l for m in _DEPENDENCY_MARKERS + _LAUNCH_FAILURE_MARKERS
     )
-    if has_reason and (state is None or state in PENDING_STATES or explains):
+    prolog_running = state is SlurmState.RUNNING and why_l == "prolog"
+    if has_reason and (state is None or state in PENDING_STATES or explains or prolog_running):
         parts[0] += f" ({why})"
     if exit_code is not None and exit_code != (0, 0) and state in TERMINAL_STATES:
         parts.append(f"exit code {exit_code[0]}:{exit_code[1]}")
@@ -321,6 +325,8 @@ def lifecycle(
         return result(TrainingJobStatus.DEPLOY_FAILED)
     if state is SlurmState.BOOT_FAIL:
         return result(TrainingJobStatus.DEPLOY_FAILED)
+    if prolog_running:
+        return result(TrainingJobStatus.DEPLOYING)
     if (
         state is SlurmState.PENDING
         and staging is not None

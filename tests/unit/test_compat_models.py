@@ -33,7 +33,9 @@ def _err(exc: pytest.ExceptionInfo[pydantic.ValidationError]) -> str:
         (d.Workspace, {"root": "x"}),
     ],
 )
-def test_unknown_keyword_on_strict_class_is_rejected(cls: type[pydantic.BaseModel], kwargs: dict[str, Any]) -> None:
+def test_unknown_keyword_on_strict_class_is_rejected(
+    cls: type[pydantic.BaseModel], kwargs: dict[str, Any]
+) -> None:
     with pytest.raises(pydantic.ValidationError, match="Extra inputs are not permitted"):
         cls(**kwargs)
 
@@ -72,19 +74,21 @@ def test_plain_string_for_enum_on_strict_class_is_rejected(
         (d.Runtime, {"environment_variables": {"A": 1}}),
     ],
 )
-def test_wrong_scalar_or_container_type_is_rejected(cls: type[pydantic.BaseModel], kwargs: dict[str, Any]) -> None:
+def test_wrong_scalar_or_container_type_is_rejected(
+    cls: type[pydantic.BaseModel], kwargs: dict[str, Any]
+) -> None:
     with pytest.raises(pydantic.ValidationError):
         cls(**kwargs)
 
 
 def test_dicts_are_coerced_into_nested_models() -> None:
     job = d.TrainingJob(
-        image={"base_image": "i"},  # type: ignore[arg-type]
-        runtime={"environment_variables": {"T": {"name": "tok"}}},  # type: ignore[arg-type]
+        image={"base_image": "i"},
+        runtime={"environment_variables": {"T": {"name": "tok"}}},
     )
     assert isinstance(job.image, d.Image)
     assert job.runtime.environment_variables["T"] == d.SecretReference(name="tok")
-    project = d.TrainingProject(name="p", job={"image": {"base_image": "i"}})  # type: ignore[arg-type]
+    project = d.TrainingProject(name="p", job={"image": {"base_image": "i"}})
     assert isinstance(project.job, d.TrainingJob)
 
 
@@ -97,17 +101,17 @@ def test_assignment_is_validated_and_models_are_not_frozen() -> None:
 
 
 def test_lax_classes_coerce() -> None:
-    spec = tc.AcceleratorSpec(accelerator="H200", count="2")  # type: ignore[arg-type]
+    spec = tc.AcceleratorSpec(accelerator="H200", count="2")
     assert spec.accelerator is tc.Accelerator.H200 and spec.count == 2
-    assert d.LoRADetails(rank="8").rank == 8  # type: ignore[arg-type]
+    assert d.LoRADetails(rank="8").rank == 8
 
 
 def test_lax_classes_keep_extras_and_forbid_them_on_request() -> None:
-    w = tc.WeightsSource(source="hf://a/b", mount_location="/m", future_field=1)  # type: ignore[call-arg]
+    w = tc.WeightsSource(source="hf://a/b", mount_location="/m", future_field=1)
     assert w.model_dump()["future_field"] == 1
     with pytest.raises(pydantic.ValidationError, match=r"Extra fields not allowed: \[future_field\]"):
         w.validate_forbid_extra()
-    assert d.FullCheckpoint(training_job_id="j", checkpoint_name="c", x=1).model_extra == {"x": 1}  # type: ignore[call-arg]
+    assert d.FullCheckpoint(training_job_id="j", checkpoint_name="c", x=1).model_extra == {"x": 1}
 
 
 def test_defaults() -> None:
@@ -146,7 +150,9 @@ def test_every_accelerator_value() -> None:
     for acc in tc.Accelerator:
         assert acc.value == acc.name.lstrip("_")
         assert tc.AcceleratorSpec(accelerator=acc.value).accelerator is acc
-        assert d.Compute(accelerator=f"{acc.value}:2").accelerator == tc.AcceleratorSpec(accelerator=acc, count=2)
+        assert d.Compute(accelerator=f"{acc.value}:2").accelerator == tc.AcceleratorSpec(
+            accelerator=acc, count=2
+        )
 
 
 @pytest.mark.parametrize(
@@ -154,7 +160,7 @@ def test_every_accelerator_value() -> None:
     [("H100", "H100", 1), ("H100:8", "H100", 8), ("  H100:8 ", "H100", 8), ("H100:2:3", "H100", 1)],
 )
 def test_accelerator_string_forms(spec: str, acc: str, count: int) -> None:
-    compute = d.Compute(accelerator=spec)  # type: ignore[arg-type]
+    compute = d.Compute(accelerator=spec)
     assert compute.accelerator is not None
     assert compute.accelerator.accelerator == tc.Accelerator(acc) and compute.accelerator.count == count
 
@@ -171,12 +177,12 @@ def test_accelerator_string_forms(spec: str, acc: str, count: int) -> None:
 )
 def test_accelerator_string_errors(spec: str, message: str) -> None:
     with pytest.raises(pydantic.ValidationError) as exc:
-        d.Compute(accelerator=spec)  # type: ignore[arg-type]
+        d.Compute(accelerator=spec)
     assert message in _err(exc)
 
 
 def test_accelerator_other_inputs() -> None:
-    assert d.Compute(accelerator={"accelerator": "A10G", "count": 2}).accelerator == tc.AcceleratorSpec(  # type: ignore[arg-type]
+    assert d.Compute(accelerator={"accelerator": "A10G", "count": 2}).accelerator == tc.AcceleratorSpec(
         accelerator=tc.Accelerator.A10G, count=2
     )
     assert d.Compute(accelerator=None).accelerator is None
@@ -184,14 +190,16 @@ def test_accelerator_other_inputs() -> None:
     with pytest.raises(pydantic.ValidationError):
         tc.AcceleratorSpec(count=-1)
     with pytest.raises(pydantic.ValidationError):
-        tc.AcceleratorSpec(accelerator="h200")  # type: ignore[arg-type]
+        tc.AcceleratorSpec(accelerator="h200")
     with pytest.raises(TypeError, match="Expected string, dict, AcceleratorSpec, or None"):
-        d.Compute(accelerator=5)  # type: ignore[arg-type]
+        d.Compute(accelerator=5)
 
 
 def test_accelerator_serialisation_and_compute_dump() -> None:
-    assert tc.AcceleratorSpec(accelerator=tc.Accelerator.H100, count=8).model_dump() == "H100:8"
-    assert tc.AcceleratorSpec(accelerator=tc.Accelerator.H100).model_dump() == "H100"
+    dumped: object = tc.AcceleratorSpec(accelerator=tc.Accelerator.H100, count=8).model_dump()
+    assert dumped == "H100:8"
+    single: object = tc.AcceleratorSpec(accelerator=tc.Accelerator.H100).model_dump()
+    assert single == "H100"
     assert tc.AcceleratorSpec(accelerator=tc.Accelerator.H100, count=0).model_dump() is None
     assert tc.AcceleratorSpec().model_dump() is None
     zero = tc.AcceleratorSpec(accelerator=tc.Accelerator.H100, count=0)
@@ -199,7 +207,7 @@ def test_accelerator_serialisation_and_compute_dump() -> None:
     assert dump["accelerator"] == {"accelerator": "H100", "count": 0}
     assert dump["availability_model"] == "spot"
     assert d.Compute().model_dump()["accelerator"] is None
-    job_dump = _job(compute=d.Compute(accelerator="L4:2")).model_dump()  # type: ignore[arg-type]
+    job_dump = _job(compute=d.Compute(accelerator="L4:2")).model_dump()
     assert job_dump["compute"]["accelerator"] == {"accelerator": "L4", "count": 2}
     assert "job" not in d.TrainingProject(name="p", job=_job()).model_dump()
 
@@ -252,23 +260,34 @@ def test_weights_mount_location_and_patterns() -> None:
         tc.WeightsSource(source="hf://a/b", mount_location="rel")
     assert tc.WeightsSource(source="hf://a/b", mount_location="/m/../x/").mount_location == "/m/../x/"
     with pytest.raises(pydantic.ValidationError):
-        tc.WeightsSource(source="hf://a/b", mount_location="/m", allow_patterns="*.md")  # type: ignore[arg-type]
+        tc.WeightsSource(source="hf://a/b", mount_location="/m", allow_patterns="*.md")
     assert tc.WeightsSource(source="hf://a/b", mount_location="/m").is_huggingface
 
 
 def test_weights_auth_rules() -> None:
-    ok = tc.WeightsAuth(auth_method="custom_secret", auth_secret_name="s")  # type: ignore[arg-type]
+    ok = tc.WeightsAuth(auth_method="custom_secret", auth_secret_name="s")
     assert ok.auth_method is tc.WeightsAuthMethod.CUSTOM_SECRET
     cases = [
-        ({"auth_method": "CUSTOM_SECRET"}, "auth_secret_name must be provided when auth_method is CUSTOM_SECRET"),
+        (
+            {"auth_method": "CUSTOM_SECRET"},
+            "auth_secret_name must be provided when auth_method is CUSTOM_SECRET",
+        ),
         ({"auth_method": "CUSTOM_SECRET", "auth_secret_name": ""}, "auth_secret_name must be provided"),
         (
             {"auth_method": "CUSTOM_SECRET", "auth_secret_name": "s", "aws_oidc_region": "r"},
             "aws_oidc_region cannot be specified when auth_method is CUSTOM_SECRET",
         ),
-        ({"auth_method": "AWS_OIDC"}, "aws_oidc_role_arn, aws_oidc_region must be provided when auth_method is AWS_OIDC"),
         (
-            {"auth_method": "AWS_OIDC", "aws_oidc_role_arn": "a", "aws_oidc_region": "r", "auth_secret_name": "s"},
+            {"auth_method": "AWS_OIDC"},
+            "aws_oidc_role_arn, aws_oidc_region must be provided when auth_method is AWS_OIDC",
+        ),
+        (
+            {
+                "auth_method": "AWS_OIDC",
+                "aws_oidc_role_arn": "a",
+                "aws_oidc_region": "r",
+                "auth_secret_name": "s",
+            },
             "auth_secret_name cannot be specified when auth_method is AWS_OIDC",
         ),
         (
@@ -281,16 +300,20 @@ def test_weights_auth_rules() -> None:
         with pytest.raises(pydantic.ValidationError) as exc:
             tc.WeightsAuth(**kwargs)
         assert message in _err(exc), kwargs
-    assert tc.WeightsAuth(auth_method="AWS_OIDC", aws_oidc_role_arn="a", aws_oidc_region="r", auth_secret_name="")  # type: ignore[arg-type]
+    assert tc.WeightsAuth(
+        auth_method="AWS_OIDC", aws_oidc_role_arn="a", aws_oidc_region="r", auth_secret_name=""
+    )
 
 
 def test_weights_secret_name_in_one_place_only() -> None:
-    with pytest.raises(pydantic.ValidationError, match="cannot be specified both at the top level and in auth"):
+    with pytest.raises(
+        pydantic.ValidationError, match="cannot be specified both at the top level and in auth"
+    ):
         tc.WeightsSource(
             source="hf://a/b",
             mount_location="/m",
             auth_secret_name="x",
-            auth={"auth_method": "CUSTOM_SECRET", "auth_secret_name": "y"},  # type: ignore[arg-type]
+            auth={"auth_method": "CUSTOM_SECRET", "auth_secret_name": "y"},
         )
     assert tc.WeightsSource(source="s3://b/p", mount_location="/m", auth_secret_name="x").auth is None
 
@@ -299,7 +322,7 @@ def test_training_job_rejects_oidc_weights_and_accepts_duplicates() -> None:
     oidc = tc.WeightsSource(
         source="s3://b/p",
         mount_location="/m",
-        auth={"auth_method": "AWS_OIDC", "aws_oidc_role_arn": "a", "aws_oidc_region": "r"},  # type: ignore[arg-type]
+        auth={"auth_method": "AWS_OIDC", "aws_oidc_role_arn": "a", "aws_oidc_region": "r"},
     )
     with pytest.raises(pydantic.ValidationError, match="weight s3://b/p: only auth_method CUSTOM_SECRET"):
         _job(weights=[oidc])
@@ -319,7 +342,7 @@ def test_enable_cache_migrates_to_cache_config() -> None:
     with pytest.raises(pydantic.ValidationError, match="Cannot set both 'enable_cache' and 'cache_config'"):
         d.Runtime(enable_cache=True, cache_config=d.CacheConfig())
     with pytest.raises(pydantic.ValidationError, match="enable_cache"):
-        d.Runtime(enable_cache="yes")  # type: ignore[arg-type]
+        d.Runtime(enable_cache="yes")
 
 
 def test_interactive_session_enums() -> None:
@@ -340,7 +363,9 @@ def test_docker_auth() -> None:
     with pytest.raises(pydantic.ValidationError):
         d.DockerAuth(auth_method=tc.DockerAuthType.AWS_IAM)  # type: ignore[call-arg]
     reg = d.RegistrySecretDockerAuth(secret_ref=d.SecretReference(name="dockerhub"))
-    auth = d.DockerAuth(auth_method=tc.DockerAuthType.REGISTRY_SECRET, registry="docker.io", registry_secret_docker_auth=reg)
+    auth = d.DockerAuth(
+        auth_method=tc.DockerAuthType.REGISTRY_SECRET, registry="docker.io", registry_secret_docker_auth=reg
+    )
     assert auth.registry_secret_docker_auth == reg
     assert d.SecretReference(name="").model_dump() == {"name": ""}
 
@@ -357,16 +382,16 @@ def test_workspace() -> None:
 def test_load_checkpoint_smart_union() -> None:
     cfg = d.LoadCheckpointConfig(
         checkpoints=[
-            {"checkpoint_name": "c", "job_id": "j"},  # type: ignore[list-item]
-            {"job_id": "j"},  # type: ignore[list-item]
-            {"run_id": "r", "checkpoint_name": "c"},  # type: ignore[list-item]
+            {"checkpoint_name": "c", "job_id": "j"},
+            {"job_id": "j"},
+            {"run_id": "r", "checkpoint_name": "c"},
         ]
     )
     assert [type(c).__name__ for c in cfg.checkpoints] == [
         "_BasetenNamedCheckpoint", "_BasetenLatestCheckpoint", "_LoopsCheckpoint",
     ]  # fmt: skip
     assert d.LoadCheckpointConfig(checkpoints=[]).checkpoints == []
-    assert list(cfg.checkpoints[0].model_dump())[0] == "typ"
+    assert next(iter(cfg.checkpoints[0].model_dump())) == "typ"
 
 
 def test_checkpoint_factories() -> None:
@@ -387,22 +412,42 @@ def test_checkpoint_factories() -> None:
 
 def test_deploy_checkpoint_classes() -> None:
     assert [f.value for f in d.ModelWeightsFormat] == ["lora", "full", "whisper"]
-    assert d.FullCheckpoint(training_job_id="j", checkpoint_name="c").model_weight_format is d.ModelWeightsFormat.FULL
-    assert d.WhisperCheckpoint(training_job_id="j", checkpoint_name="c").model_weight_format.value == "whisper"
+    assert (
+        d.FullCheckpoint(training_job_id="j", checkpoint_name="c").model_weight_format
+        is d.ModelWeightsFormat.FULL
+    )
+    assert (
+        d.WhisperCheckpoint(training_job_id="j", checkpoint_name="c").model_weight_format.value == "whisper"
+    )
     lora = d.LoRACheckpoint(training_job_id="j", checkpoint_name="c")
     assert lora.lora_details.rank == 16 and lora.model_weight_format is d.ModelWeightsFormat.LORA
-    assert d.FullCheckpoint(training_job_id="j", checkpoint_name="c", model_weight_format="lora").model_weight_format == "lora"  # type: ignore[arg-type]
-    assert d.Checkpoint(training_job_id="j", checkpoint_name="c", model_weight_format=d.ModelWeightsFormat.FULL)
+    assert (
+        d.FullCheckpoint(
+            training_job_id="j", checkpoint_name="c", model_weight_format="lora"
+        ).model_weight_format
+        == "lora"
+    )
+    assert d.Checkpoint(
+        training_job_id="j", checkpoint_name="c", model_weight_format=d.ModelWeightsFormat.FULL
+    )
     lst = d.CheckpointList(checkpoints=[lora])
     assert "lora_details" not in lst.model_dump()["checkpoints"][0]
-    with pytest.raises(pydantic.ValidationError, match="Cannot mix training job checkpoints and loops checkpoints"):
+    with pytest.raises(
+        pydantic.ValidationError, match="Cannot mix training job checkpoints and loops checkpoints"
+    ):
         d.CheckpointList(checkpoints=[lora], loops_checkpoint_ids=["x"])
     cfg = d.DeployCheckpointsConfig(runtime=d.DeployCheckpointsRuntime(environment_variables={"A": "b"}))
     assert cfg.compute is None and cfg.model_name is None
 
 
 def test_definitions_module_surface() -> None:
-    for name in ("InteractiveSession", "WhisperCheckpoint", "Checkpoint", "truss_config", "DEFAULT_LORA_RANK"):
+    for name in (
+        "InteractiveSession",
+        "WhisperCheckpoint",
+        "Checkpoint",
+        "truss_config",
+        "DEFAULT_LORA_RANK",
+    ):
         assert hasattr(d, name)
     assert d.truss_config is tc
     assert all(hasattr(d, n) for n in d.__all__)

@@ -18,8 +18,8 @@ UPSTREAM_ALL = [
     "push", "AvailabilityModel", "Compute", "Runtime", "SecretReference", "TrainingJob", "TrainingProject",
     "FullCheckpoint", "LoRACheckpoint", "ModelWeightsFormat", "CheckpointList", "DeployCheckpointsRuntime",
     "DeployCheckpointsConfig", "LoRADetails", "CheckpointingConfig", "CacheConfig", "AWSIAMDockerAuth",
-    "GCPServiceAccountJSONDockerAuth", "RegistrySecretDockerAuth", "LoadCheckpointConfig", "BasetenCheckpoint",
-    "LoopsCheckpoint", "DockerAuth", "Image", "WeightsSource", "Workspace",
+    "GCPServiceAccountJSONDockerAuth", "RegistrySecretDockerAuth", "LoadCheckpointConfig",
+    "BasetenCheckpoint", "LoopsCheckpoint", "DockerAuth", "Image", "WeightsSource", "Workspace",
 ]  # fmt: skip
 
 
@@ -29,19 +29,20 @@ def _truss_entries() -> dict[str, Any]:
 
 def test_import_paths_resolve_to_our_modules() -> None:
     with truss_modules():
+        import truss.base.truss_config  # type: ignore[import-not-found]
         import truss_train  # type: ignore[import-not-found]
-        from truss.base import truss_config as tc  # type: ignore[import-not-found]
-        from truss.base.truss_config import AcceleratorSpec  # type: ignore[import-not-found]
-        from truss_train import (  # type: ignore[import-not-found]
+        import truss_train.definitions  # type: ignore[import-not-found]
+        from truss.base import truss_config as tc
+        from truss.base.truss_config import AcceleratorSpec
+        from truss_train import (
             TrainingProject,
             WeightsSource,
-            definitions as defs,
             push,
         )
+        from truss_train import (
+            definitions as defs,
+        )
         from truss_train.public_api import push as push2  # type: ignore[import-not-found]
-
-        import truss.base.truss_config  # type: ignore[import-not-found]
-        import truss_train.definitions  # type: ignore[import-not-found]
 
         assert truss_train.definitions is definitions
         assert defs is definitions and tc is truss_config
@@ -91,20 +92,20 @@ def test_real_truss_install_is_untouched(tmp_path: Path, monkeypatch: pytest.Mon
     for name in list(_truss_entries()):
         monkeypatch.delitem(sys.modules, name)
     importlib.invalidate_caches()
-    import truss.base.truss_config as real_tc  # type: ignore[import-not-found]
-    import truss_train as real_tt  # type: ignore[import-not-found]
+    import truss.base.truss_config as real_tc
+    import truss_train as real_tt
 
     before = _truss_entries()
     assert real_tc.REAL and real_tt.REAL
     with truss_modules():
-        import truss_train as shim_tt  # type: ignore[import-not-found]
-        from truss.base.truss_config import AcceleratorSpec  # type: ignore[import-not-found]
+        import truss_train as shim_tt
+        from truss.base.truss_config import AcceleratorSpec
 
         assert shim_tt is _truss_train and AcceleratorSpec is truss_config.AcceleratorSpec
         assert not hasattr(sys.modules["truss"], "REAL")
     assert _truss_entries() == before
-    import truss.base.truss_config as again  # type: ignore[import-not-found]
-    import truss_train as again_tt  # type: ignore[import-not-found]
+    import truss.base.truss_config as again
+    import truss_train as again_tt
 
     assert again is real_tc and again_tt is real_tt
     assert not hasattr(real_tc, "WeightsSource") and not hasattr(sys.modules["truss.base"], "definitions")
@@ -156,7 +157,12 @@ def test_push_forwards_lazily_to_slurm_bt_push(monkeypatch: pytest.MonkeyPatch, 
 def test_config_can_call_push_from_truss_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
     fake_module = types.ModuleType("slurm_bt.push")
-    fake_module.push = lambda config, **kw: seen.append(config) or {}  # type: ignore[attr-defined]
+
+    def fake_push(config: Any, **kwargs: Any) -> dict[str, Any]:
+        seen.append(config)
+        return {}
+
+    fake_module.push = fake_push  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "slurm_bt.push", fake_module)
     import slurm_bt
 

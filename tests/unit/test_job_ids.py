@@ -36,8 +36,26 @@ def test_parse_known_forms(text: str, expected: JobId) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "abc", "-a", "12a", "1_2_3", "123.", "123.foo", "123_[]", "123_[1-3", "1 2", "١٢٣", "1_000x",
-     "123+", "+1", "123;cluster", "--jobs=1", "123_4_[1]", "12.batch.0"],
+    [
+        "",
+        "abc",
+        "-a",
+        "12a",
+        "1_2_3",
+        "123.",
+        "123.foo",
+        "123_[]",
+        "123_[1-3",
+        "1 2",
+        "١٢٣",
+        "1_000x",
+        "123+",
+        "+1",
+        "123;cluster",
+        "--jobs=1",
+        "123_4_[1]",
+        "12.batch.0",
+    ],
 )
 def test_garbage_is_rejected(text: str) -> None:
     with pytest.raises(ValueError):

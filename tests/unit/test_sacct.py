@@ -56,12 +56,24 @@ def test_build_sacct_argv_default() -> None:
 
 def test_build_sacct_argv_options() -> None:
     argv = build_sacct_argv(
-        ["7"], steps=True, duplicates=True, all_users=True, user="alice", name="train",
-        starttime=datetime(2026, 1, 2, 3, 4, 5), delimiter=SACCT_DELIMITER,
+        ["7"],
+        steps=True,
+        duplicates=True,
+        all_users=True,
+        user="alice",
+        name="train",
+        starttime=datetime(2026, 1, 2, 3, 4, 5),
+        delimiter=SACCT_DELIMITER,
     )
     assert "--allocations" not in argv
-    for opt in ("--duplicates", "--allusers", "--user=alice", "--name=train", "--starttime=2026-01-02T03:04:05",
-                f"--delimiter={SACCT_DELIMITER}"):
+    for opt in (
+        "--duplicates",
+        "--allusers",
+        "--user=alice",
+        "--name=train",
+        "--starttime=2026-01-02T03:04:05",
+        f"--delimiter={SACCT_DELIMITER}",
+    ):
         assert opt in argv
 
 
@@ -74,7 +86,12 @@ def test_build_sacct_argv_rejects_option_injection(bad: str) -> None:
 
 
 def test_build_squeue_argv() -> None:
-    assert build_squeue_argv(["5", "14_2"]) == ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}", "--jobs=5,14_2"]
+    assert build_squeue_argv(["5", "14_2"]) == [
+        "squeue",
+        "--noheader",
+        f"--format={SQUEUE_FORMAT}",
+        "--jobs=5,14_2",
+    ]
 
 
 # --------------------------------------------------------------------------- scalars
@@ -91,7 +108,12 @@ def test_scalars() -> None:
     assert parse_slurm_time("2026-11-22T02:22:49", tz=UTC) == datetime(2026, 11, 22, 2, 22, 49, tzinfo=UTC)
     assert parse_slurm_time("2026-11-22T02:22:49") is not None  # local zone
     assert parse_tres("billing=2,cpu=2,gres/gpu=4,mem=4000M,node=2") == {
-        "billing": 2, "cpu": 2, "gres/gpu": 4, "mem": 4000 * 1024**2, "node": 2}
+        "billing": 2,
+        "cpu": 2,
+        "gres/gpu": 4,
+        "mem": 4000 * 1024**2,
+        "node": 2,
+    }
     assert parse_tres("mem=1.5G,cpu=x,=3,junk") == {"mem": int(1.5 * 1024**3)}
 
 
@@ -105,7 +127,13 @@ def test_basic_with_steps_and_piped_comment() -> None:
     assert ids == ["7", "7.batch", "7.extern", "8", "8.batch", "8.extern", "9", "9.batch", "9.extern"]
     got = by_id(rows)
     ok = got["7"]
-    assert (ok.state, ok.exit_code, ok.comment, ok.name, ok.uid) == ("COMPLETED", (0, 0), "tok=a|b c", "rec-ok", 0)
+    assert (ok.state, ok.exit_code, ok.comment, ok.name, ok.uid) == (
+        "COMPLETED",
+        (0, 0),
+        "tok=a|b c",
+        "rec-ok",
+        0,
+    )
     assert ok.start == datetime(2026, 11, 22, 2, 22, 50, tzinfo=UTC)
     assert ok.alloc_tres == {"billing": 1, "cpu": 1, "mem": 2000 * 1024**2, "node": 1}
     assert ok.work_dir == "/tmp/sbt-rec" and ok.timelimit_min is None and ok.nnodes == 1
@@ -227,21 +255,38 @@ def test_newer_json_shapes(name: str) -> None:
     rows = parse_sacct_json(text(name), include_steps=True)
     assert rows.skipped == 0
     got = by_id(rows)
-    assert got["101"].state == "COMPLETED" and got["101"].exit_code == (0, 0) and got["101"].comment == "tok=a|b c"
+    assert (
+        got["101"].state == "COMPLETED"
+        and got["101"].exit_code == (0, 0)
+        and got["101"].comment == "tok=a|b c"
+    )
     assert got["101"].start == datetime.fromtimestamp(1795314170, UTC)
     assert got["101.batch"].state == "COMPLETED"
     assert got["102"].exit_code == (3, 0) and got["103"].exit_code == (0, 9)
     assert got["105"].timelimit_min == 1 and got["105"].state == "TIMEOUT"
-    assert got["106"].state == "RUNNING" and got["106"].state_flags == {"CONFIGURING"} and got["106"].gpus == 4
+    assert (
+        got["106"].state == "RUNNING" and got["106"].state_flags == {"CONFIGURING"} and got["106"].gpus == 4
+    )
     assert got["106"].end is None
-    assert got["107"].state == "PENDING" and got["107"].state_flags == {"REQUEUED"} and got["107"].restarts == 2
+    assert (
+        got["107"].state == "PENDING" and got["107"].state_flags == {"REQUEUED"} and got["107"].restarts == 2
+    )
     assert got["107"].timelimit_min is None and got["107"].node_list == ""
     assert got["108_1"].state == "COMPLETED" and got["108_[2-3%1]"].reason == "JobArrayTaskLimit"
     assert got["110+1"].state == "COMPLETED" and got["112"].state == "OUT_OF_MEMORY"
 
 
-@pytest.mark.parametrize("doc", ["", "null", "[]", '{"jobs": 3}', '{"jobs": [1, null, {}, {"job_id": "x"}]}',
-                                 '{"jobs": [{"job_id": 5, "state": {"current": [1, 2]}, "time": "x"}]}'])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        "",
+        "null",
+        "[]",
+        '{"jobs": 3}',
+        '{"jobs": [1, null, {}, {"job_id": "x"}]}',
+        '{"jobs": [{"job_id": 5, "state": {"current": [1, 2]}, "time": "x"}]}',
+    ],
+)
 def test_json_junk(doc: str) -> None:
     rows = parse_sacct_json(doc)
     assert all(isinstance(r, SacctRow) for r in rows)
@@ -256,7 +301,8 @@ def test_squeue_recordings() -> None:
     assert got["14_[1-3%1]"].job_id.array_spec == "1-3%1"
     dep = parse_squeue(text("2205_squeue_dep.txt"), SQUEUE_FORMAT)
     assert [(r.state, r.reason, r.name, r.user, r.nnodes) for r in dep] == [
-        ("PENDING", "DependencyNeverSatisfied", "rec-dep", "root", 1)]
+        ("PENDING", "DependencyNeverSatisfied", "rec-dep", "root", 1)
+    ]
 
 
 def test_squeue_short_codes_and_piped_comment() -> None:
@@ -268,45 +314,103 @@ def test_scontrol_recordings() -> None:
     got = by_id(parse_scontrol_show_job(text("2205_scontrol_show_job_finished.txt")))
     assert set(got) == {"5", "13", "14_1", "14_2", "14_3", "11"}
     assert (got["5"].state, got["5"].reason, got["5"].timelimit_min, got["5"].exit_code) == (
-        "TIMEOUT", "TimeLimit", 1, (0, 15))
+        "TIMEOUT",
+        "TimeLimit",
+        1,
+        (0, 15),
+    )
     assert got["14_2"].job_id_raw == "17" and got["14_2"].exit_code == (1, 0)
     assert got["11"].reason == "DependencyNeverSatisfied" and got["11"].uid == 0 and got["11"].user == "root"
     assert got["13"].node_list == "n[1-2]" and got["13"].nnodes == 2
     (multi,) = parse_scontrol_show_job(text("2205_scontrol_show_job_multiline.txt"))
     assert (str(multi.job_id), multi.state, multi.reason, multi.restarts, multi.work_dir) == (
-        "11", "PENDING", "DependencyNeverSatisfied", 0, "/tmp/sbt-rec")
+        "11",
+        "PENDING",
+        "DependencyNeverSatisfied",
+        0,
+        "/tmp/sbt-rec",
+    )
     assert multi.start is None and multi.alloc_tres == {}
 
 
 def test_scontrol_values_with_spaces_and_restarts() -> None:
-    line = ("JobId=6 JobName=my job UserId=bob(1001) JobState=PENDING Reason=BeginTime Restarts=2 "
-            "ExitCode=0:0 Comment=tok=a b=c d WorkDir=/tmp/a b\n")
+    line = (
+        "JobId=6 JobName=my job UserId=bob(1001) JobState=PENDING Reason=BeginTime Restarts=2 "
+        "ExitCode=0:0 Comment=tok=a b=c d WorkDir=/tmp/a b\n"
+    )
     (row,) = parse_scontrol_show_job(line)
-    assert (row.name, row.restarts, row.uid, row.comment, row.work_dir) == ("my job", 2, 1001, "tok=a b=c d", "/tmp/a b")
+    assert (row.name, row.restarts, row.uid, row.comment, row.work_dir) == (
+        "my job",
+        2,
+        1001,
+        "tok=a b=c d",
+        "/tmp/a b",
+    )
 
 
 # --------------------------------------------------------------------------- fuzzing
 
-_sacct_alphabet = st.text(alphabet=st.sampled_from(list("0123456789_[]%-+.|:,=abcdeNUK \n\x1f")), max_size=400)
+_sacct_alphabet = st.text(
+    alphabet=st.sampled_from(list("0123456789_[]%-+.|:,=abcdeNUK \n\x1f")), max_size=400
+)
 
 
 @settings(max_examples=300)
 @given(st.one_of(st.text(), _sacct_alphabet))
 def test_text_parsers_never_raise(blob: str) -> None:
-    for rows in (parse_sacct(blob), parse_sacct(blob, ["JobID", "State"]), parse_squeue(blob),
-                 parse_squeue(blob, "%i|%t|%Q|%k"), parse_scontrol_show_job(blob)):
+    for rows in (
+        parse_sacct(blob),
+        parse_sacct(blob, ["JobID", "State"]),
+        parse_squeue(blob),
+        parse_squeue(blob, "%i|%t|%Q|%k"),
+        parse_scontrol_show_job(blob),
+    ):
         assert rows.skipped >= 0
         assert all(isinstance(r, SacctRow) for r in rows)
 
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.sampled_from(["jobs", "job_id", "state", "current", "time", "start", "exit_code",
-                                       "return_code", "signal", "array", "het", "task", "task_id", "job_offset",
-                                       "number", "set", "steps", "step", "id", "tres", "allocated", "count",
-                                       "type", "name", "limits", "max", "running", "tasks", "nodes"]),
-                      children, max_size=6),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "jobs",
+                    "job_id",
+                    "state",
+                    "current",
+                    "time",
+                    "start",
+                    "exit_code",
+                    "return_code",
+                    "signal",
+                    "array",
+                    "het",
+                    "task",
+                    "task_id",
+                    "job_offset",
+                    "number",
+                    "set",
+                    "steps",
+                    "step",
+                    "id",
+                    "tres",
+                    "allocated",
+                    "count",
+                    "type",
+                    "name",
+                    "limits",
+                    "max",
+                    "running",
+                    "tasks",
+                    "nodes",
+                ]
+            ),
+            children,
+            max_size=6,
+        )
+    ),
     max_leaves=30,
 )
 

@@ -30,8 +30,15 @@ def test_every_state_is_classified_exactly_once() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("CANCELLED by 0", SlurmState.CANCELLED), ("PD", SlurmState.PENDING), ("running", SlurmState.RUNNING),
-     ("COMPLETING+", SlurmState.COMPLETING), ("OOM", SlurmState.OUT_OF_MEMORY), ("", None), ("WEIRD", None)],
+    [
+        ("CANCELLED by 0", SlurmState.CANCELLED),
+        ("PD", SlurmState.PENDING),
+        ("running", SlurmState.RUNNING),
+        ("COMPLETING+", SlurmState.COMPLETING),
+        ("OOM", SlurmState.OUT_OF_MEMORY),
+        ("", None),
+        ("WEIRD", None),
+    ],
 )
 def test_from_text(text: str, expected: SlurmState | None) -> None:
     assert SlurmState.from_text(text) is expected
@@ -43,27 +50,61 @@ TABLE: list[tuple[str | None, dict[str, object], TrainingJobStatus, str]] = [
     ("PENDING", {"reason": "Resources"}, S.PENDING, "PENDING (Resources)"),
     ("PENDING", {"reason": "None"}, S.PENDING, "PENDING"),
     ("PENDING", {"reason": "BeginTime", "restarts": 2}, S.PENDING, "PENDING (BeginTime); requeued 2 times"),
-    ("PENDING", {"reason": "Dependency", "staging_state": "PENDING"}, S.PENDING,
-     "PENDING (Dependency); staging job PENDING"),
-    ("PENDING", {"reason": "Dependency", "staging_state": "RUNNING"}, S.CREATED,
-     "PENDING (Dependency); staging job RUNNING"),
-    ("PENDING", {"reason": "Resources", "staging_state": "COMPLETED"}, S.CREATED,
-     "PENDING (Resources); staging job COMPLETED"),
-    ("PENDING", {"reason": "DependencyNeverSatisfied", "staging_state": "FAILED"}, S.DEPLOY_FAILED,
-     "PENDING (DependencyNeverSatisfied); staging job FAILED"),
-    ("CANCELLED by 0", {"reason": "Dependency", "staging_state": "TIMEOUT"}, S.DEPLOY_FAILED,
-     "CANCELLED by 0 (Dependency); staging job TIMEOUT"),
-    ("PENDING", {"reason": "launch failed requeued held"}, S.DEPLOY_FAILED,
-     "PENDING (launch failed requeued held)"),
-    ("CANCELLED", {"reason": "Prolog failure on node n1"}, S.DEPLOY_FAILED, "CANCELLED (Prolog failure on node n1)"),
+    (
+        "PENDING",
+        {"reason": "Dependency", "staging_state": "PENDING"},
+        S.PENDING,
+        "PENDING (Dependency); staging job PENDING",
+    ),
+    (
+        "PENDING",
+        {"reason": "Dependency", "staging_state": "RUNNING"},
+        S.CREATED,
+        "PENDING (Dependency); staging job RUNNING",
+    ),
+    (
+        "PENDING",
+        {"reason": "Resources", "staging_state": "COMPLETED"},
+        S.CREATED,
+        "PENDING (Resources); staging job COMPLETED",
+    ),
+    (
+        "PENDING",
+        {"reason": "DependencyNeverSatisfied", "staging_state": "FAILED"},
+        S.DEPLOY_FAILED,
+        "PENDING (DependencyNeverSatisfied); staging job FAILED",
+    ),
+    (
+        "CANCELLED by 0",
+        {"reason": "Dependency", "staging_state": "TIMEOUT"},
+        S.DEPLOY_FAILED,
+        "CANCELLED by 0 (Dependency); staging job TIMEOUT",
+    ),
+    (
+        "PENDING",
+        {"reason": "launch failed requeued held"},
+        S.DEPLOY_FAILED,
+        "PENDING (launch failed requeued held)",
+    ),
+    (
+        "CANCELLED",
+        {"reason": "Prolog failure on node n1"},
+        S.DEPLOY_FAILED,
+        "CANCELLED (Prolog failure on node n1)",
+    ),
     ("PENDING", {"reason": "Prolog"}, S.PENDING, "PENDING (Prolog)"),
     ("BOOT_FAIL", {}, S.DEPLOY_FAILED, "BOOT_FAIL"),
     ("CONFIGURING", {}, S.DEPLOYING, "CONFIGURING"),
     ("RUNNING", {"reason": "None"}, S.RUNNING, "RUNNING"),
+    ("RUNNING", {"reason": "Prolog"}, S.DEPLOYING, "RUNNING (Prolog)"),  # squeue, recorded on 22.05
     ("COMPLETING", {}, S.RUNNING, "COMPLETING"),
     ("SUSPENDED", {}, S.RUNNING, "SUSPENDED"),
-    ("COMPLETED", {"reason": "BeginTime", "exit_code": (0, 0), "restarts": 1}, S.COMPLETED,
-     "COMPLETED; requeued 1 time"),
+    (
+        "COMPLETED",
+        {"reason": "BeginTime", "exit_code": (0, 0), "restarts": 1},
+        S.COMPLETED,
+        "COMPLETED; requeued 1 time",
+    ),
     ("CANCELLED by 1001", {}, S.STOPPED, "CANCELLED by 1001"),
     ("CANCELLED", {"cancelled_by": 0, "exit_code": (0, 15)}, S.STOPPED, "CANCELLED by 0; exit code 0:15"),
     ("FAILED", {"exit_code": (3, 0)}, S.FAILED, "FAILED; exit code 3:0"),
@@ -99,8 +140,9 @@ def test_every_slurm_state_maps() -> None:
     for state in SlurmState:
         got = lifecycle(state.value, reason="Resources")
         assert state.value in got.detail
-        assert got.terminal == (state in TERMINAL_STATES and state is not SlurmState.PREEMPTED
-                                and state is not SlurmState.REVOKED), state
+        assert got.terminal == (
+            state in TERMINAL_STATES and state is not SlurmState.PREEMPTED and state is not SlurmState.REVOKED
+        ), state
 
 
 def test_base_state() -> None:
@@ -108,9 +150,15 @@ def test_base_state() -> None:
     assert base_state("  ") == ""
 
 
-@given(st.one_of(st.none(), st.text()), st.one_of(st.none(), st.text()), st.one_of(st.none(), st.text()),
-       st.integers(0, 10))
-def test_lifecycle_never_raises(state: str | None, reason: str | None, staging: str | None, restarts: int) -> None:
+@given(
+    st.one_of(st.none(), st.text()),
+    st.one_of(st.none(), st.text()),
+    st.one_of(st.none(), st.text()),
+    st.integers(0, 10),
+)
+def test_lifecycle_never_raises(
+    state: str | None, reason: str | None, staging: str | None, restarts: int
+) -> None:
     got = lifecycle(state, reason=reason, staging_state=staging, restarts=restarts)
     assert isinstance(got.status, TrainingJobStatus)
     assert got.detail

@@ -1,0 +1,59 @@
+"""Shared fixtures. Integration tests (marker ``slurm``) use the real dev cluster.
+
+The ``dev_cluster`` fixture makes sure the embedded cluster is up (``devcluster/devcluster.py up``,
+idempotent and fast when already up) when running as root, and skips with a reason otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DEVCLUSTER = REPO / "devcluster" / "devcluster.py"
+STATE = Path(os.environ.get("BT_DEVCLUSTER_DIR", "/var/lib/slurm-bt-dev"))
+
+
+def _sinfo_ok() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+@pytest.fixture(scope="session")
+def dev_cluster() -> dict[str, object]:
+    """The running dev cluster's facts (cluster.json); brings it up when possible."""
+    if not _sinfo_ok():
+        if os.geteuid() != 0 or shutil.which("slurmctld") is None:
+            pytest.skip("dev cluster not running (run `bash scripts/install.sh` as root)")
+        proc = subprocess.run(["/usr/bin/python3", str(DEVCLUSTER), "up"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.fail(f"devcluster up failed:\n{proc.stdout}\n{proc.stderr}")
+    info = json.loads((STATE / "cluster.json").read_text())
+    assert isinstance(info, dict)
+    return info
+
+
+@pytest.fixture()
+def bt_python() -> str:
+    """The interpreter jobs use on the nodes (must be readable by every user)."""
+    return sys.executable
+
+
+@pytest.fixture()
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Point the site workspace and secret store at tmp dirs for unit tests of submission."""
+    site = tmp_path / "site.toml"
+    site.write_text(f'[storage]\nworkspace = "{tmp_path}/ws"\nruntime = "{tmp_path}/run"\n')
+    monkeypatch.setenv("SLURM_BT_SITE_CONFIG", str(site))
+    yield tmp_path

@@ -1,0 +1,47 @@
+"""The compat package's public names are complete, sorted and importable (house style)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import slurm_bt.compat
+
+MODULES = [
+    "slurm_bt.compat",
+    "slurm_bt.compat.definitions",
+    "slurm_bt.compat.truss_config",
+    "slurm_bt.compat.loader",
+    "slurm_bt.compat.shim",
+    "slurm_bt.compat.stricter",
+    "slurm_bt.compat.problems",
+    "slurm_bt.compat.public_api",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_all_is_sorted_and_resolves(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = list(module.__all__)
+    assert exported == sorted(exported, key=lambda n: (not n.isupper(), n)), "__all__ must be sorted"
+    for symbol in exported:
+        assert hasattr(module, symbol), symbol
+
+
+def test_package_exports() -> None:
+    assert slurm_bt.compat.__all__ == [
+        "SHIMMED_MODULES",
+        "load_training_project",
+        "memory_to_bytes",
+        "memory_to_mib",
+        "mount_location_problem",
+        "truss_modules",
+    ]
+
+
+def test_importing_compat_pulls_no_heavy_dependencies() -> None:
+    import sys
+
+    importlib.import_module("slurm_bt.compat")
+    assert not {"boto3", "paramiko", "huggingface_hub"} & set(sys.modules)
