@@ -126,7 +126,7 @@ def test_cpu_only_job(dev_cluster: dict[str, object], tmp_path: Path) -> None:
             runtime=definitions.Runtime(start_commands=["python3 probe.py"]),
         ))
         """)
-    job_id, logs = submit_and_wait(config)
+    _, logs = submit_and_wait(config)
     [p] = probes(logs)
     assert p["BT_NUM_GPUS"] == "0" and p["SLURM_GPUS_ON_NODE"] is None
     assert p["BT_NODE_RANK"] == "0" and p["BT_GROUP_SIZE"] == "1"
@@ -219,9 +219,22 @@ def test_secret_reaches_the_job_and_nothing_else(dev_cluster: dict[str, object],
 
 
 def test_quickstart_example(dev_cluster: dict[str, object]) -> None:
-    job_id, logs = submit_and_wait(REPO / "examples" / "quickstart" / "config.py")
+    _, logs = submit_and_wait(REPO / "examples" / "quickstart" / "config.py")
     assert "rank 0/2 step 200" in logs and "rank 1/2 step 200" in logs
     m = re.search(r"rank 0 wrote checkpoint (\S+)", logs)
     assert m, logs
     ckpt = json.loads(Path(m.group(1)).read_text())
     assert abs(ckpt["w"] - 3.0) < 0.05 and abs(ckpt["b"] - 2.0) < 0.05
+
+
+def test_push_api_returns_truss_shaped_result(dev_cluster: dict[str, object]) -> None:
+    """``slurm_bt.push(Path)`` submits like bt-sbatch and returns what truss_train callers read."""
+    from slurm_bt import push
+
+    result = push(REPO / "examples" / "quickstart" / "config.py")
+    assert result["id"].isdigit()
+    assert result["training_project"] == {"id": "quickstart", "name": "quickstart"}
+    assert result["current_status"] == "TRAINING_JOB_PENDING"
+    assert result["job_object"].compute.node_count == 2
+    st = _as(None, [str(BIN / "slurm-bt"), "status", result["id"], "--wait", "--timeout", "180", "--json"])
+    assert json.loads(st.stdout)[0]["current_status"] == "TRAINING_JOB_COMPLETED"
