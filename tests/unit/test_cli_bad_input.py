@@ -157,3 +157,15 @@ def test_umbrella_submit_is_the_same_command(tmp_path: Path, env: dict[str, str]
         return [ln for ln in text.splitlines() if not any(k in ln for k in ("submission", "jobs/", "slurm-bt:"))]
 
     assert stable(a.stdout) == stable(b.stdout)
+
+
+def test_json_output(tmp_path: Path, env: dict[str, str]) -> None:
+    import json
+
+    config = write(tmp_path, f"p = definitions.TrainingProject(name='x y', job={OK_JOB})\n")
+    proc = run(["--json", config.name, "--", "--time=5"], env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["job_id"] == "4242" and out["project_name"] == "x y" and out["project_id"] == "x-y"
+    assert Path(out["job_dir"], "src", "config.py").exists()
+    assert Path(out["record"]).exists()
