@@ -11,13 +11,15 @@
           ├── SlurmCommandError  a Slurm client command failed (argv, returncode, stderr)
           ├── StorageError       a filesystem or object-store operation failed
           │    ├── CacheFullError       a weights cache cannot hold what is needed (need X, free Y)
-          │    └── CacheIntegrityError  content does not match its pinned sha256/size; never served
+          │    ├── CacheIntegrityError  content does not match its pinned sha256/size; never served
+          │    └── SourceError          a weights source failed (uri, file, offset, transient)
+          │         ├── SourceAccessError      401/403: not authorized for <source>
+          │         ├── SourceNotFoundError    404: repo, revision, bucket or object missing
+          │         ├── SourceUnavailableError unreachable, stalled or 5xx after retries
+          │         └── IntegrityError         size or sha256 mismatch; nothing published
+          ├── RemoteError        SSH to a login node failed (host, what failed) (ConnectionError)
+          │    └── HostKeyError      unknown or changed host key: refused unless asked otherwise
           └── CacheLockTimeout   a cache lock was not obtained within its hard timeout (TimeoutError)
-               └── SourceError       a weights source failed (uri, file, offset, transient)
-                    ├── SourceAccessError      401/403: not authorized for <source>
-                    ├── SourceNotFoundError    404: repo, revision, bucket or object missing
-                    ├── SourceUnavailableError unreachable, stalled or 5xx after retries
-                    └── IntegrityError         size or sha256 mismatch; nothing published
 
 Each user error carries a list of :class:`Problem` so that *every* problem is reported at once,
 one line each, as ``<file>: <field>: <message>``.
@@ -34,8 +36,10 @@ __all__ = [
     "CacheIntegrityError",
     "CacheLockTimeout",
     "ConfigError",
+    "HostKeyError",
     "IntegrityError",
     "Problem",
+    "RemoteError",
     "RuntimeFailure",
     "SecretError",
     "SiteConfigError",
@@ -289,3 +293,22 @@ class CacheLockTimeout(RuntimeFailure, TimeoutError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class RemoteError(RuntimeFailure, ConnectionError):
+    """Talking to the login node over SSH failed (connect, authenticate, upload, run).
+
+    Attributes:
+        host: the host as the user named it (an ssh config alias or ``user@host:port``).
+    """
+
+    def __init__(self, host: str, message: str) -> None:
+        self.host = host
+        super().__init__(f"ssh {host}: {message}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class HostKeyError(RemoteError):
+    """The login node's host key is unknown (or differs from known_hosts); nothing was sent."""

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers.fixtures import fake_gcs, fake_hub, seaweed  # noqa: F401  (session fixtures)
+
 REPO = Path(__file__).resolve().parent.parent
 DEVCLUSTER = REPO / "devcluster" / "devcluster.py"
 STATE = Path(os.environ.get("BT_DEVCLUSTER_DIR", "/var/lib/slurm-bt-dev"))

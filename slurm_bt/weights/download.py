@@ -1,0 +1,533 @@
+"""Verified, resumable, parallel downloads into a content-addressed directory.
+
+Publish protocol (threats-and-faults.md §5, R6, R7) for every file:
+
+1. Create a process-unique temp file beside the final name (:func:`slurm_bt.atomic.temp_name`,
+   ``O_CREAT|O_EXCL|O_NOFOLLOW``) and preallocate it to the expected size.
+2. Fetch byte ranges in parallel (``part_size``, default 16 MiB, as S3 guidance and the fastest
+   clients in transfer-perf.md §1 do) and ``pwrite`` each chunk at its offset: no reassembly, no
+   large buffers, one pool of kept-alive connections.
+3. Hash *behind* the writers: whichever worker completes the next part in file order takes the
+   hash cursor and feeds the contiguous prefix to sha256 by ``pread`` from the page cache.
+   hashlib and ``pread`` release the GIL, so hashing overlaps the network on another core and
+   ends moments after the last byte (no second pass over a cold file).
+4. ``fsync`` the temp file, compare size and sha256 with the manifest; on mismatch delete it and
+   raise :class:`~slurm_bt.errors.IntegrityError` with both hashes. Nothing is ever published
+   unverified, and a partial file is never visible under a final name.
+5. ``rename`` to ``dest_dir/<sha256>`` and ``fsync`` the directory.
+
+Resume design: every part keeps its own cursor. A transient failure (reset, short body, read
+timeout, 5xx) re-requests ``Range: bytes=<cursor>-<end>`` after full-jitter backoff, pinned to the
+resolved version (HF: commit in the URL; S3/R2: ``If-Match`` ETag; GCS: ``generation``), so bytes
+already written are never fetched again and two versions are never mixed. Retries are bounded per
+part (``max_retries`` consecutive failures without progress, ``4 * max_retries`` in total). If the
+origin ignores ``Range`` (200 with the whole body), the file falls back to one stream and restarts
+from byte 0, overwriting in place, so no byte is duplicated. Across processes nothing is resumed:
+a killed stager leaves only its ``.<name>.tmp-<pid>-<hex>`` file, which
+:func:`remove_stale_temps` deletes once its owner is gone, and a rerun starts a fresh temp file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_bt.atomic import fsync_dir, temp_name
+from slurm_bt.errors import IntegrityError, SourceError, SourceUnavailableError, StorageError
+from slurm_bt.weights.manifest import Manifest, ManifestFile
+from slurm_bt.weights.sources._retry import backoff_delay_s
+from slurm_bt.weights.sources.base import RemoteFile, Source, TransportOptions, open_source
+from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
+from slurm_bt.weights.sources.uri import SourceUri, parse_source_uri
+
+__all__ = [
+    "DownloadOptions",
+    "FetchResult",
+    "download_file",
+    "download_manifest",
+    "fetch_file",
+    "hash_remote_file",
+    "open_manifest_source",
+    "remove_stale_temps",
+]
+
+MiB = 1024 * 1024
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+_TEMP_RE = re.compile(r"^\..+\.tmp-(\d+)-[0-9a-f]+$")
+
+
+@dataclass(frozen=True)
+class DownloadOptions:
+    """Throughput and robustness knobs.
+
+    Attributes:
+        part_size: bytes per ranged GET; 16 MiB balances request overhead and parallelism.
+        parallel_threshold: files at least this large are split into parts.
+        max_workers: concurrent range requests in total (over all files).
+        max_files: files transferred concurrently (each may use several workers).
+        read_size: bytes per ``read``/``pwrite``; large reads keep Python overhead small.
+        max_retries: consecutive failed attempts without progress before a part gives up.
+        backoff_base_s: first backoff delay (full jitter, doubling, capped at ``backoff_cap_s``).
+        backoff_cap_s: longest backoff delay.
+        file_mode: permission bits of published blobs (read-only: they are content-addressed).
+        transport: timeouts and pool size passed to the backend.
+    """
+
+    part_size: int = 16 * MiB
+    parallel_threshold: int = 32 * MiB
+    max_workers: int = 8
+    max_files: int = 4
+    read_size: int = 1 * MiB
+    max_retries: int = 5
+    backoff_base_s: float = 0.2
+    backoff_cap_s: float = 5.0
+    file_mode: int = 0o444
+    transport: TransportOptions = field(default_factory=TransportOptions)
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """A published (or hashed) file: its verified sha256 and where it now lives."""
+
+    sha256: str
+    size: int
+    path: Path | None
+
+
+def _new_crc32c() -> Any:
+    """A streaming CRC32C (google-crc32c, a google-cloud dependency), or None when not installed."""
+    try:
+        module: Any = importlib.import_module("google_crc32c")
+    except ImportError:
+        return None
+    return module.Checksum()
+
+
+class _RangeIgnored(Exception):
+    """The origin answered a ranged GET with the whole body; fall back to one stream."""
+
+
+class _Aborted(Exception):
+    """Another part of the same file failed; stop quietly."""
+
+
+class _Transfer:
+    """One file being fetched into an open temp file by one or more range workers."""
+
+    def __init__(
+        self,
+        source: Source,
+        file: ManifestFile,
+        fd: int,
+        options: DownloadOptions,
+        want_crc32c: bool,
+        want_md5: bool,
+    ) -> None:
+        self.source = source
+        self.file = file
+        self.fd = fd
+        self.options = options
+        self.abort = threading.Event()
+        self._want_crc32c = want_crc32c
+        self._want_md5 = want_md5
+        self._hash_lock = threading.Lock()
+        self.plan(parallel=file.size >= options.parallel_threshold)
+
+    def plan(self, *, parallel: bool) -> None:
+        size, step = self.file.size, self.options.part_size
+        if parallel:
+            self.parts = [(s, min(s + step, size)) for s in range(0, size, step)]
+        else:
+            self.parts = [(0, size)]
+        self.done = [False] * len(self.parts)
+        self.next_hash = 0
+        self.sha = hashlib.sha256()
+        self.md5 = hashlib.md5(usedforsecurity=False) if self._want_md5 else None
+        self.crc: Any = None
+        if self._want_crc32c:
+            self.crc = _new_crc32c()
+
+    # -- hashing behind the writers ------------------------------------------------------------
+
+    def _ready(self) -> bool:
+        return self.next_hash < len(self.parts) and self.done[self.next_hash]
+
+    def advance_hash(self, *, blocking: bool = False) -> None:
+        """Hash every contiguous completed part; only one thread hashes at a time."""
+        while self._ready() or blocking:
+            if not self._hash_lock.acquire(blocking=blocking):
+                return
+            try:
+                while self._ready():
+                    start, end = self.parts[self.next_hash]
+                    pos = start
+                    while pos < end:
+                        chunk = os.pread(self.fd, min(8 * MiB, end - pos), pos)
+                        if not chunk:
+                            raise StorageError(str(self.file.path), f"temp file shorter than expected at {pos}")
+                        self.sha.update(chunk)
+                        if self.md5 is not None:
+                            self.md5.update(chunk)
+                        if self.crc is not None:
+                            self.crc.update(chunk)
+                        pos += len(chunk)
+                    self.next_hash += 1
+            finally:
+                self._hash_lock.release()
+            blocking = False  # re-check once without blocking: a part may have finished meanwhile
+
+    # -- one part ----------------------------------------------------------------------------
+
+    def run_part(self, index: int) -> None:
+        start, end = self.parts[index]
+        cur = start
+        whole = start == 0 and end == self.file.size
+        failures = total = 0
+        last_progress = cur
+        while True:
+            if self.abort.is_set():
+                raise _Aborted()
+            stream = None
+            try:
+                stream = self.source.open_range(self.file, cur, None if end == self.file.size else end)
+                if not stream.partial and cur != 0:
+                    if not whole:
+                        raise _RangeIgnored()
+                    cur = 0  # single stream: the origin restarted from byte 0, so do we (F05)
+                elif not stream.partial and not whole:
+                    raise _RangeIgnored()
+                while cur < end:
+                    if self.abort.is_set():
+                        raise _Aborted()
+                    data = stream.read(min(self.options.read_size, end - cur))
+                    if not data:
+                        raise SourceUnavailableError(
+                            self.source.uri.canonical, "body ended before the expected size",
+                            file=self.file.path, offset=cur, transient=True,
+                        )
+                    view = memoryview(data)
+                    while view:
+                        written = os.pwrite(self.fd, view, cur)
+                        view = view[written:]
+                        cur += written
+                break
+            except SourceUnavailableError as exc:
+                total += 1
+                failures = 1 if cur > last_progress else failures + 1
+                last_progress = cur
+                if failures > self.options.max_retries or total > 4 * self.options.max_retries:
+                    raise SourceUnavailableError(
+                        self.source.uri.canonical,
+                        f"gave up after {total} attempts: {exc.args[0].split(': ', 1)[-1]}",
+                        file=self.file.path, offset=cur, transient=True,
+                    ) from exc
+                time.sleep(backoff_delay_s(total - 1, self.options.backoff_base_s, self.options.backoff_cap_s))
+            finally:
+                if stream is not None:
+                    stream.close()
+        self.done[index] = True
+        self.advance_hash()
+
+
+def _run_transfer(transfer: _Transfer, pool: ThreadPoolExecutor) -> None:
+    """Run all parts of ``transfer`` on ``pool``; fall back to one stream if Range is ignored."""
+    for attempt in range(2):
+        futures: list[Future[None]] = [pool.submit(transfer.run_part, i) for i in range(len(transfer.parts))]
+        error: BaseException | None = None
+        for fut in futures:
+            try:
+                fut.result()
+            except BaseException as exc:
+                transfer.abort.set()
+                if error is None or isinstance(error, _Aborted):
+                    error = exc
+        if error is None:
+            transfer.advance_hash(blocking=True)
+            return
+        if isinstance(error, _RangeIgnored) and attempt == 0:
+            transfer.abort.clear()
+            transfer.plan(parallel=False)
+            continue
+        raise error
+    raise AssertionError("unreachable")
+
+
+def _publish(fd: int, tmp: Path, final: Path, mode: int) -> None:
+    os.fchmod(fd, mode)
+    os.fsync(fd)
+    os.close(fd)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+
+
+def fetch_file(
+    source: Source,
+    file: ManifestFile | RemoteFile,
+    dest_dir: Path,
+    *,
+    options: DownloadOptions | None = None,
+    pool: ThreadPoolExecutor | None = None,
+) -> FetchResult:
+    """Fetch one file into ``dest_dir/<sha256>``, verified; the engine behind every download.
+
+    ``file.sha256`` may be None (object stores without a published sha256): the hash computed
+    while streaming then names the blob, after the origin's own CRC32C/MD5 (GCS) matched, so the
+    bytes we name are the bytes the origin stored. That is how ``resolve(mirror_dir=...)`` gets a
+    verified sha256 without streaming the object twice.
+
+    Raises:
+        IntegrityError: size or hash mismatch (nothing published).
+        SourceError: from the backend, naming source, file and offset.
+        StorageError: local filesystem failure.
+    """
+    options = options or DownloadOptions()
+    expected = file.sha256
+    mfile = file if isinstance(file, ManifestFile) else ManifestFile(
+        path=file.path, size=file.size, sha256=expected or _EMPTY_SHA256, etag=file.etag
+    )
+    md5 = getattr(file, "md5", None) if expected is None else None
+    crc = getattr(file, "crc32c", None) if expected is None else None
+    if expected is not None:
+        final = dest_dir / expected
+        try:
+            if os.stat(final).st_size == file.size:
+                return FetchResult(expected, file.size, final)  # content-addressed: already here
+        except FileNotFoundError:
+            pass
+    tmp = temp_name(dest_dir / (expected or "blob"))
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StorageError(str(tmp), f"cannot create temp file: {exc.strerror}") from exc
+    closed = False
+    try:
+        if file.size:
+            try:
+                os.posix_fallocate(fd, 0, file.size)
+            except OSError:
+                os.ftruncate(fd, file.size)  # filesystems without fallocate (some NFS, tmpfs quirks)
+        transfer = _Transfer(source, mfile, fd, options, want_crc32c=crc is not None, want_md5=md5 is not None)
+        if file.size:
+            own_pool = pool is None
+            workers = pool or ThreadPoolExecutor(max_workers=options.max_workers, thread_name_prefix="bt-part")
+            try:
+                _run_transfer(transfer, workers)
+            finally:
+                if own_pool:
+                    workers.shutdown(wait=True)
+        actual_size = os.fstat(fd).st_size
+        actual = transfer.sha.hexdigest()
+        uri = source.uri.canonical
+        if actual_size != file.size:
+            raise IntegrityError(uri, "size mismatch; not published", file=file.path,
+                                 expected=str(file.size), actual=str(actual_size))
+        if expected is not None and actual != expected:
+            raise IntegrityError(uri, "sha256 mismatch; not published", file=file.path,
+                                 expected=expected, actual=actual)
+        if crc is not None and transfer.crc is not None and transfer.crc.digest().hex() != crc:
+            raise IntegrityError(uri, "crc32c mismatch with the origin's checksum; not published",
+                                 file=file.path, expected=crc, actual=transfer.crc.digest().hex())
+        if md5 is not None and transfer.md5 is not None and transfer.md5.hexdigest() != md5:
+            raise IntegrityError(uri, "md5 mismatch with the origin's checksum; not published",
+                                 file=file.path, expected=md5, actual=transfer.md5.hexdigest())
+        final = dest_dir / actual
+        closed = True
+        _publish(fd, tmp, final, options.file_mode)
+        return FetchResult(actual, file.size, final)
+    except BaseException:
+        if not closed:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def hash_remote_file(source: Source, file: RemoteFile, *, options: DownloadOptions | None = None) -> str:
+    """sha256 of a remote file computed by streaming it once (no disk), with resume on resets.
+
+    The origin's CRC32C/MD5, when listed, is checked on the same pass.
+
+    Raises:
+        IntegrityError: the origin's own checksum disagrees with the bytes received.
+        SourceError: from the backend after bounded retries.
+    """
+    options = options or DownloadOptions()
+    mfile = ManifestFile(path=file.path, size=file.size, sha256=_EMPTY_SHA256, etag=file.etag)
+    uri = source.uri.canonical
+
+    def fresh() -> tuple[Any, Any, Any]:
+        crc: Any = None
+        if file.crc32c:
+            crc = _new_crc32c()
+        md5 = hashlib.md5(usedforsecurity=False) if file.md5 and crc is None else None
+        return hashlib.sha256(), md5, crc
+
+    sha, md5, crc = fresh()
+    cur = failures = total = 0
+    while cur < file.size:
+        stream = None
+        try:
+            stream = source.open_range(mfile, cur, None)
+            if not stream.partial and cur:
+                sha, md5, crc = fresh()
+                cur = 0
+            while cur < file.size:
+                data = stream.read(min(options.read_size, file.size - cur))
+                if not data:
+                    raise SourceUnavailableError(uri, "body ended before the expected size",
+                                                 file=file.path, offset=cur, transient=True)
+                for h in (sha, md5, crc):
+                    if h is not None:
+                        h.update(data)
+                cur += len(data)
+        except SourceUnavailableError as exc:
+            total += 1
+            failures += 1
+            if failures > options.max_retries or total > 4 * options.max_retries:
+                raise SourceUnavailableError(uri, f"gave up after {total} attempts: {exc}", file=file.path,
+                                             offset=cur, transient=True) from exc
+            time.sleep(backoff_delay_s(total - 1, options.backoff_base_s, options.backoff_cap_s))
+        finally:
+            if stream is not None:
+                stream.close()
+    if crc is not None and crc.digest().hex() != file.crc32c:
+        raise IntegrityError(uri, "crc32c mismatch with the origin's checksum", file=file.path,
+                             expected=str(file.crc32c), actual=crc.digest().hex())
+    if md5 is not None and md5.hexdigest() != file.md5:
+        raise IntegrityError(uri, "md5 mismatch with the origin's checksum", file=file.path,
+                             expected=str(file.md5), actual=md5.hexdigest())
+    digest: str = sha.hexdigest()
+    return digest
+
+
+def open_manifest_source(
+    manifest: Manifest,
+    *,
+    credentials: SourceCredentials | None = None,
+    endpoints: SourceEndpoints | None = None,
+    options: DownloadOptions | None = None,
+) -> Source:
+    """The backend for ``manifest``'s source, pinned to its revision (HF commit)."""
+    uri = parse_source_uri(manifest.source)
+    if uri.kind == "hf":
+        uri = SourceUri("hf", uri.container, revision=manifest.revision)
+    return open_source(uri, credentials=credentials, endpoints=endpoints,
+                       options=(options or DownloadOptions()).transport)
+
+
+def download_manifest(
+    manifest: Manifest,
+    dest_dir: Path,
+    *,
+    credentials: SourceCredentials | None = None,
+    endpoints: SourceEndpoints | None = None,
+    options: DownloadOptions | None = None,
+    files: Iterable[ManifestFile] | None = None,
+    on_file: Callable[[ManifestFile, Path], None] | None = None,
+) -> dict[str, Path]:
+    """Download every file of ``manifest`` (or ``files``) into ``dest_dir/<sha256>``, verified.
+
+    Identical contents are fetched once. Files run ``max_files`` at a time and their ranges share
+    one pool of ``max_workers`` connections. The first failure cancels the rest and is raised;
+    blobs already published stay (they are verified and content-addressed).
+
+    Returns:
+        manifest path -> published blob path.
+    """
+    options = options or DownloadOptions()
+    wanted = list(files if files is not None else manifest.files)
+    by_sha: dict[str, ManifestFile] = {}
+    for f in wanted:
+        by_sha.setdefault(f.sha256, f)
+    source = open_manifest_source(manifest, credentials=credentials, endpoints=endpoints, options=options)
+    results: dict[str, Path] = {}
+    try:
+        with ThreadPoolExecutor(options.max_workers, thread_name_prefix="bt-part") as parts, \
+                ThreadPoolExecutor(options.max_files, thread_name_prefix="bt-file") as filepool:
+            futs = {sha: filepool.submit(fetch_file, source, f, dest_dir, options=options, pool=parts)
+                    for sha, f in by_sha.items()}
+            error: BaseException | None = None
+            for sha, fut in futs.items():
+                try:
+                    results[sha] = fut.result().path or dest_dir / sha
+                except BaseException as exc:
+                    error = error or exc
+                    for other in futs.values():
+                        other.cancel()
+            if error is not None:
+                raise error
+    finally:
+        source.close()
+    out = {f.path: results[f.sha256] for f in wanted}
+    if on_file is not None:
+        for f in wanted:
+            on_file(f, out[f.path])
+    return out
+
+
+def download_file(
+    manifest: Manifest,
+    file: ManifestFile,
+    dest_dir: Path,
+    *,
+    credentials: SourceCredentials | None = None,
+    endpoints: SourceEndpoints | None = None,
+    options: DownloadOptions | None = None,
+) -> Path:
+    """Download one file of ``manifest`` into ``dest_dir/<sha256>`` and return that path.
+
+    Raises:
+        IntegrityError: size or sha256 mismatch (expected and actual in the message); nothing
+            is published.
+        SourceError: access, not found, unreachable or stalled, naming source, file and offset.
+    """
+    if file not in manifest.files:
+        raise SourceError(manifest.source, "file is not part of this manifest", file=file.path)
+    return download_manifest(manifest, dest_dir, credentials=credentials, endpoints=endpoints,
+                             options=options, files=[file])[file.path]
+
+
+def remove_stale_temps(dest_dir: Path, *, max_age_s: float = 6 * 3600, check_pid: bool = True) -> list[Path]:
+    """Delete temp files left by killed downloads; return what was removed.
+
+    A temp file (``.<name>.tmp-<pid>-<hex>``) is stale when its writer process no longer exists
+    (``check_pid``; only meaningful when ``dest_dir`` is not shared between hosts) or when it has
+    not been modified for ``max_age_s``. Live writers are never touched: a download modifies its
+    temp file continuously, and its pid is alive.
+    """
+    removed: list[Path] = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(dest_dir))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        m = _TEMP_RE.match(entry.name)
+        if not m or not entry.is_file(follow_symlinks=False):
+            continue
+        stale = now - entry.stat(follow_symlinks=False).st_mtime > max_age_s
+        if check_pid and not stale:
+            try:
+                os.kill(int(m.group(1)), 0)
+            except ProcessLookupError:
+                stale = True
+            except PermissionError:
+                pass  # alive, owned by someone else
+        if stale:
+            try:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+            except FileNotFoundError:
+                pass
+    return removed
