@@ -1,0 +1,521 @@
+"""The on-disk layout shared by the cluster and node weights caches, and the file primitives both use.
+
+Both tiers look the same (style.md §2.12, after the Hugging Face cache), so staging to a node is
+"copy the missing blobs, relink the snapshot"::
+
+    <root>/
+      CACHEDIR.TAG                       tells backup tools to skip the cache
+      blobs/<sha256>                     content-addressed files, mode 0444
+      snapshots/<manifest_id>/<path...>  hard links to blobs (copies across filesystems), dirs 0555
+      manifests/<manifest_id>.json       the pinned Manifest; written LAST = the COMPLETE marker
+      .locks/  .tmp/                     lock files; temp files and trash of killed writers
+      leases/<manifest_id>/<job_id>      node tier only: jobs using an entry
+      jobs/<job_id>/w<i>                 node tier only: per-job links for container binds
+
+Readers trust an entry only if ``manifests/<manifest_id>.json`` exists *and* holds exactly the
+manifest's canonical JSON: the file name is the sha256 of its content, so a manifest is
+self-verifying and cannot be swapped for another source's. Hard links rather than symlinks make a
+bind mount of ``snapshots/<id>`` work inside a container, where the ``../../blobs`` targets of HF's
+symlinks would not exist. A snapshot is built under a temp name and renamed into place whole, and
+removed by renaming it away first, so a reader never sees a half tree under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import hashlib
+import logging
+import mmap
+import os
+import secrets
+import shutil
+import socket
+import stat
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from slurm_bt.atomic import fsync_dir, publish_dir_atomic
+from slurm_bt.errors import CacheIntegrityError, StorageError
+from slurm_bt.weights.manifest import Manifest, ManifestFile
+
+__all__ = [
+    "BLOB_MODE",
+    "CACHEDIR_TAG",
+    "CacheLayout",
+    "build_snapshot",
+    "copy_and_hash",
+    "force_rmtree",
+    "open_regular",
+    "parse_tmp_name",
+    "publish_blob_file",
+    "remove_tree",
+    "sha256_fd",
+    "snapshot_is_intact",
+    "tmp_name",
+]
+
+_log = logging.getLogger("slurm_bt.weights.cache")
+
+BLOB_MODE = 0o444
+SNAPSHOT_DIR_MODE = 0o555
+CACHEDIR_TAG = (
+    b"Signature: 8a477f597d28d172789f06886806bc55\n"
+    b"# This file is a cache directory tag created by slurm-bt (weights cache).\n"
+    b"# For information about cache directory tags see https://bford.info/cachedir/\n"
+)
+_CHUNK = 64 << 20
+_SMALL = 1 << 20
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Paths of one cache root; pure apart from :meth:`ensure` and the readers."""
+
+    root: Path
+
+    @property
+    def blobs(self) -> Path:
+        """``<root>/blobs``."""
+        return self.root / "blobs"
+
+    @property
+    def manifests(self) -> Path:
+        """``<root>/manifests``."""
+        return self.root / "manifests"
+
+    @property
+    def snapshots(self) -> Path:
+        """``<root>/snapshots``."""
+        return self.root / "snapshots"
+
+    @property
+    def locks(self) -> Path:
+        """``<root>/.locks``."""
+        return self.root / ".locks"
+
+    @property
+    def tmp(self) -> Path:
+        """``<root>/.tmp``: temp files and trash; same filesystem as blobs, so renames are atomic."""
+        return self.root / ".tmp"
+
+    @property
+    def leases(self) -> Path:
+        """``<root>/leases`` (node tier)."""
+        return self.root / "leases"
+
+    @property
+    def jobs(self) -> Path:
+        """``<root>/jobs`` (node tier)."""
+        return self.root / "jobs"
+
+    def blob(self, sha256: str) -> Path:
+        """``blobs/<sha256>``."""
+        return self.blobs / sha256
+
+    def manifest_file(self, manifest_id: str) -> Path:
+        """``manifests/<manifest_id>.json``."""
+        return self.manifests / f"{manifest_id}.json"
+
+    def snapshot(self, manifest_id: str) -> Path:
+        """``snapshots/<manifest_id>``."""
+        return self.snapshots / manifest_id
+
+    def lock(self, name: str) -> Path:
+        """``.locks/<name>.lock``."""
+        return self.locks / f"{name}.lock"
+
+    def ensure(self, *, dir_mode: int = 0o755, extra: tuple[str, ...] = ()) -> None:
+        """Create the root and its subdirectories, and ``CACHEDIR.TAG``; idempotent.
+
+        Create, don't adopt (threats-and-faults.md §3.3): an existing entry must be a real
+        directory (not a symlink); its mode and owner are left alone, since an admin may have
+        provisioned it (e.g. ``3770 root:<team>``).
+
+        Raises:
+            StorageError: an entry exists as a symlink or non-directory, or cannot be created.
+        """
+        for d in (self.root, self.blobs, self.manifests, self.snapshots, self.locks, self.tmp,
+                  *(self.root / e for e in extra)):
+            _mkdir_checked(d, dir_mode)
+        tag = self.root / "CACHEDIR.TAG"
+        if not tag.exists():
+            try:
+                fd = os.open(tag, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+            except FileExistsError:
+                return
+            except OSError as exc:
+                raise StorageError(str(tag), f"cannot create: {exc.strerror}") from exc
+            try:
+                os.write(fd, CACHEDIR_TAG)
+                os.fchmod(fd, 0o444)
+            finally:
+                os.close(fd)
+
+    def read_manifest(self, manifest_id: str) -> Manifest | None:
+        """The complete entry's manifest, or None when absent or not self-consistent."""
+        try:
+            fd = os.open(self.manifest_file(manifest_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            raw = _read_all(fd, limit=256 << 20)
+        finally:
+            os.close(fd)
+        try:
+            m = Manifest.model_validate_json(raw)
+        except ValidationError:
+            _log.warning("ignoring unparsable manifest %s", self.manifest_file(manifest_id))
+            return None
+        if m.manifest_id != manifest_id:
+            _log.warning("ignoring manifest %s: content does not match its name", manifest_id)
+            return None
+        return m
+
+    def is_complete(self, manifest: Manifest) -> bool:
+        """True when the COMPLETE marker for ``manifest`` exists with exactly its canonical JSON."""
+        want = manifest.canonical_json()
+        try:
+            fd = os.open(self.manifest_file(manifest.manifest_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            return _read_all(fd, limit=len(want) + 1) == want
+        finally:
+            os.close(fd)
+
+    def manifest_ids(self) -> list[str]:
+        """Ids of every COMPLETE marker (not validated; see :meth:`read_manifest`)."""
+        try:
+            names = os.listdir(self.manifests)
+        except FileNotFoundError:
+            return []
+        return sorted(n[:-5] for n in names if n.endswith(".json") and not n.startswith("."))
+
+
+def tmp_name(kind: str) -> str:
+    """A unique name for a temp entry: ``<kind>.<pid>.<random>@<host>``.
+
+    Host and pid let a garbage collector on the same host remove leftovers of dead writers at once
+    (a shared ``.tmp/`` on Lustre is seen by many hosts, whose pids mean nothing here).
+    """
+    return f"{kind}.{os.getpid()}.{secrets.token_hex(6)}@{socket.gethostname()}"
+
+
+def parse_tmp_name(name: str) -> tuple[str, int] | None:
+    """``(host, pid)`` from a :func:`tmp_name` (possibly with a prefix), or None."""
+    head, sep, host = name.rpartition("@")
+    parts = head.split(".")
+    if not sep or len(parts) < 3:
+        return None
+    try:
+        return host, int(parts[-2])
+    except ValueError:
+        return None
+
+
+def _mkdir_checked(path: Path, mode: int) -> None:
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StorageError(str(path), f"cannot create directory: {exc.strerror}") from exc
+    else:
+        os.chmod(path, mode)  # umask-independent; we just created it
+        return
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise StorageError(str(path), "exists but is not a directory (or is a symlink); refusing to use it")
+
+
+def _read_all(fd: int, *, limit: int) -> bytes:
+    chunks = []
+    total = 0
+    while total < limit:
+        b = os.read(fd, min(1 << 20, limit - total))
+        if not b:
+            break
+        chunks.append(b)
+        total += len(b)
+    return b"".join(chunks)
+
+
+def open_regular(path: Path) -> int:
+    """Open an existing regular file for reading without following a final symlink or blocking.
+
+    ``O_NONBLOCK`` keeps a FIFO planted at a blob name from hanging a root prolog, and the
+    ``fstat`` check refuses anything but a regular file (threats-and-faults.md §3.2).
+
+    Raises:
+        FileNotFoundError: nothing there.
+        StorageError: a symlink, FIFO, device or directory.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise
+        raise StorageError(str(path), f"cannot open: {exc.strerror}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StorageError(str(path), "is not a regular file; refusing to read it")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def sha256_fd(fd: int) -> tuple[str, int]:
+    """sha256 hex digest and byte count of an open file from offset 0."""
+    h = hashlib.sha256()
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    off = 0
+    while True:
+        n = os.preadv(fd, [buf], off)
+        if n <= 0:
+            break
+        h.update(view[:n])
+        off += n
+    return h.hexdigest(), off
+
+
+def _move(src_fd: int, dst_fd: int, off: int, count: int, use_cfr: list[bool]) -> int:
+    """Copy ``count`` bytes at ``off`` in the kernel; returns bytes copied (short only at EOF)."""
+    done = 0
+    while done < count:
+        n = 0
+        if use_cfr[0]:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, count - done, off + done, off + done)
+            except OSError as exc:
+                # EXDEV: across filesystems (Lustre → NVMe) on kernels ≥ 5.19; fall back to sendfile.
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                use_cfr[0] = False
+                continue
+        else:
+            os.lseek(dst_fd, off + done, os.SEEK_SET)
+            n = os.sendfile(dst_fd, src_fd, off + done, count - done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _start_writeback(fd: int, off: int, count: int) -> None:
+    """``sync_file_range(SYNC_FILE_RANGE_WRITE)``: start writeback now so the final fsync is short."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.sync_file_range(fd, ctypes.c_longlong(off), ctypes.c_longlong(count), _SYNC_FILE_RANGE_WRITE)
+    except (OSError, AttributeError):
+        pass  # an optimisation only
+
+
+def _hash_range(h: hashlib._Hash, fd: int, off: int, count: int) -> None:
+    if count == 0:
+        return
+    try:
+        m = mmap.mmap(fd, count, prot=mmap.PROT_READ, offset=off)
+    except (OSError, ValueError):
+        buf = bytearray(count)
+        got = os.preadv(fd, [buf], off)
+        h.update(memoryview(buf)[:got])
+    else:
+        with m:
+            h.update(m)
+    _start_writeback(fd, off, count)
+
+
+def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CHUNK) -> tuple[str, int]:
+    """Copy ``size`` bytes from ``src_fd`` to ``dst_fd`` and return the sha256 of what was *written*.
+
+    Data moves in the kernel (``copy_file_range``, else ``sendfile``); each chunk is then hashed
+    from the destination's page cache through ``mmap`` in a second thread while the next chunk is
+    copied, so the copy costs about max(copy, hash) instead of their sum. Hashing the destination
+    rather than the source matters: the source may be in a tenant-writable cluster tier whose owner
+    can rewrite the bytes between our read and our copy, but nobody else can touch our fresh
+    root-owned temp file. Small files take a single read/hash/write pass (less overhead).
+
+    Returns:
+        (sha256 hex, bytes copied); fewer bytes than ``size`` means the source was short.
+    """
+    if size <= _SMALL:
+        data = os.pread(src_fd, size, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(dst_fd, view):]
+        return hashlib.sha256(data).hexdigest(), len(data)
+    chunk_bytes = max(mmap.ALLOCATIONGRANULARITY, chunk_bytes - chunk_bytes % mmap.ALLOCATIONGRANULARITY)
+    h = hashlib.sha256()
+    use_cfr = [True]
+    off = 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hash") as pool:
+        pending: Future[None] | None = None
+        while off < size:
+            want = min(chunk_bytes, size - off)
+            got = _move(src_fd, dst_fd, off, want, use_cfr)
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(_hash_range, h, dst_fd, off, got)
+            off += got
+            if got < want:
+                break
+        if pending is not None:
+            pending.result()
+    return h.hexdigest(), off
+
+
+def publish_blob_file(tmp: Path, fd: int, final: Path, f: ManifestFile, actual_sha: str, actual_size: int) -> bool:
+    """Verify, seal (0444, fsync) and rename a written temp blob into place; the temp is gone after.
+
+    An existing blob at ``final`` is kept (content addressing: same name, same bytes), so the
+    temp is dropped. Returns True when this call published the blob.
+
+    Raises:
+        CacheIntegrityError: hash or size differ from the manifest (the temp is removed).
+        StorageError: the flush or rename failed (the temp is removed).
+    """
+    try:
+        if actual_size != f.size or actual_sha != f.sha256:
+            raise CacheIntegrityError(str(final), f.sha256, actual_sha, f.size, actual_size)
+        os.fchmod(fd, BLOB_MODE)
+        os.fsync(fd)
+        if os.path.lexists(final):
+            return False
+        os.rename(tmp, final)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, StorageError):
+            raise
+        raise StorageError(str(final), f"cannot publish blob: {exc.strerror}") from exc
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # no-op after a successful rename (ENOENT)
+    fsync_dir(final.parent)
+    return True
+
+
+def _link_or_copy(blob: Path, dst: Path) -> None:
+    try:
+        os.link(blob, dst)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+    src_fd = open_regular(blob)
+    try:
+        dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(src_fd).st_size
+            copy_and_hash(src_fd, dst_fd, size)
+            os.fchmod(dst_fd, BLOB_MODE)
+            os.fsync(dst_fd)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
+
+
+def snapshot_is_intact(layout: CacheLayout, manifest: Manifest) -> bool:
+    """Cheap check (``lstat`` per file, no hashing) that a published snapshot has every file at its size."""
+    snap = layout.snapshot(manifest.manifest_id)
+    for f in manifest.files:
+        try:
+            st = os.lstat(snap / f.path)
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
+            return False
+    return True
+
+
+def build_snapshot(layout: CacheLayout, manifest: Manifest) -> Path:
+    """Publish ``snapshots/<manifest_id>`` from blobs (hard links, else copies); idempotent.
+
+    The tree is built under a temp name beside its final name, every directory is fsynced and
+    made 0555, then it is renamed into place whole. If a snapshot is already there and intact it is
+    kept; a damaged one (e.g. an eviction killed half-way) is moved to trash and rebuilt.
+
+    Raises:
+        StorageError: a blob is missing or a link/copy failed.
+    """
+    mid = manifest.manifest_id
+    final = layout.snapshot(mid)
+    if final.exists():
+        if snapshot_is_intact(layout, manifest):
+            return final
+        remove_tree(layout, final)
+    tmp = final.with_name(f".{mid}.{tmp_name('snap')}")
+    try:
+        os.mkdir(tmp, 0o755)
+        dirs = {tmp}
+        for f in manifest.files:
+            dst = tmp / f.path
+            parent = dst.parent
+            if parent not in dirs:
+                parent.mkdir(parents=True, exist_ok=True)
+                for p in (parent, *parent.parents):
+                    if p == tmp:
+                        break
+                    dirs.add(p)
+            blob = layout.blob(f.sha256)
+            if not blob.exists():
+                raise StorageError(str(blob), f"blob for {f.path} is missing; cannot build snapshot {mid}")
+            _link_or_copy(blob, dst)
+        for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+            fsync_dir(d)
+            os.chmod(d, SNAPSHOT_DIR_MODE)
+        try:
+            publish_dir_atomic(tmp, final)
+        except StorageError:
+            if final.exists() and snapshot_is_intact(layout, manifest):  # a concurrent builder won
+                remove_tree(layout, tmp)
+                return final
+            raise
+    except OSError as exc:
+        if tmp.exists():
+            remove_tree(layout, tmp)
+        if isinstance(exc, StorageError):
+            raise
+        raise StorageError(str(final), f"cannot build snapshot: {exc.strerror}") from exc
+    return final
+
+
+def remove_tree(layout: CacheLayout, path: Path) -> None:
+    """Remove a cache tree so no reader ever sees it half-deleted under its name.
+
+    The tree is first renamed into ``.tmp/`` (atomic), then deleted there; read-only (0555)
+    directories are made writable on the way. ``shutil.rmtree`` never follows symlinks and, on
+    Linux, walks with directory fds. Missing paths are fine (idempotent).
+    """
+    trash = layout.tmp / tmp_name("trash")
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StorageError(str(path), f"cannot move to trash: {exc.strerror}") from exc
+    force_rmtree(trash)
+
+
+def force_rmtree(path: Path) -> None:
+    """Delete a tree we own, making read-only directories writable first; never follows symlinks."""
+    def _writable(p: Path) -> None:
+        with contextlib.suppress(OSError):
+            st = os.lstat(p)
+            if stat.S_ISDIR(st.st_mode):
+                os.chmod(p, 0o700)
+
+    _writable(path)
+    for dirpath, dirnames, _ in os.walk(path):
+        for d in dirnames:
+            _writable(Path(dirpath) / d)
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,461 @@
+"""The node tier: a root-owned, verified copy of cluster entries on local NVMe, with leases and LRU.
+
+Written only by the root prolog. Every blob copied in from a cluster tier is hashed *as written*
+(:func:`~slurm_bt.weights.cache_layout.copy_and_hash`) and rejected on mismatch, so a poisoned or
+rotten cluster blob is never served (R6, P10). Because nothing but verified bytes ever lands here
+and users cannot write here (0444 files, 0555 snapshot dirs), a hit trusts the COMPLETE marker and
+does no hashing: it costs one lock, one small read and one lease file, whatever the model size.
+
+Concurrency on one node (several prologs at once, R3):
+
+* ``entry-<manifest_id>`` lock: single-flight staging of one entry, and excludes eviction of that
+  entry while a hit takes its lease;
+* ``evict`` lock: eviction, and the moment a stager registers the blobs it is about to use (a
+  pending manifest copy in ``leases/<id>/.manifest.json``), so eviction never deletes a blob that
+  an in-progress stage relies on.
+
+The evictor only *tries* entry locks (short timeout) while holding ``evict``, so the two locks
+never deadlock. Leases are ``leases/<manifest_id>/<job_id>`` files; the lease directory's mtime is
+the entry's last use (atime is unreliable, §3.7). The epilog calls :meth:`NodeCache.release`;
+leases of jobs that died with their node are dropped by :meth:`NodeCache.prune_leases`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Collection, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from slurm_bt.atomic import fsync_dir, write_file_atomic
+from slurm_bt.errors import CacheFullError, CacheIntegrityError, CacheLockTimeout, StorageError
+from slurm_bt.weights.cache_layout import (
+    CacheLayout,
+    build_snapshot,
+    copy_and_hash,
+    publish_blob_file,
+    remove_tree,
+    tmp_name,
+)
+from slurm_bt.weights.cluster_cache import (
+    Authorizer,
+    CacheStats,
+    ClusterCache,
+    EntryInfo,
+    blob_present,
+    cache_stats,
+    gc_temp,
+    unique_blobs,
+)
+from slurm_bt.weights.eviction import EvictionCandidate, EvictionPlan, EvictionResult, plan_lru_eviction
+from slurm_bt.weights.locks import LockOptions, weak_lock
+from slurm_bt.weights.manifest import Manifest, ManifestFile
+
+__all__ = ["NodeCache", "validate_job_id"]
+
+_log = logging.getLogger("slurm_bt.weights.cache")
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_+.-]{0,63}$")
+_PENDING = ".manifest.json"
+
+
+def validate_job_id(job_id: str) -> str:
+    """A job id safe to use as a file name (``123``, ``123_4``, ``123+0``); else ValueError."""
+    if not _JOB_ID.match(job_id):
+        raise ValueError(f"invalid job id {job_id!r}")
+    return job_id
+
+
+class NodeCache:
+    """One node-local cache root.
+
+    Args:
+        root: e.g. ``/nvme/slurm-bt/weights`` (root-owned, on one local filesystem).
+        max_bytes: cap on blob bytes; staging evicts lease-free entries LRU to stay under it.
+        reserve_bytes: filesystem space never to use (root ignores reserved blocks, §3.7).
+        lock_options: lock behaviour; node disks are local, so flock works by default.
+        copy_workers: blobs copied in parallel (each copy also hashes in its own thread).
+        evict_lock_timeout_s: how long the evictor waits for a busy entry before skipping it.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        max_bytes: int,
+        *,
+        reserve_bytes: int = 0,
+        lock_options: LockOptions | None = None,
+        copy_workers: int = 2,
+        evict_lock_timeout_s: float = 2.0,
+    ) -> None:
+        self.layout = CacheLayout(Path(root))
+        self.max_bytes = max_bytes
+        self.reserve_bytes = reserve_bytes
+        self.lock_options = lock_options or LockOptions()
+        self.copy_workers = max(1, copy_workers)
+        self.evict_lock_timeout_s = evict_lock_timeout_s
+
+    @property
+    def root(self) -> Path:
+        """The cache root."""
+        return self.layout.root
+
+    def snapshot_path(self, manifest: Manifest) -> Path:
+        """``snapshots/<manifest_id>`` (exists once staged)."""
+        return self.layout.snapshot(manifest.manifest_id)
+
+    def is_ready(self, manifest: Manifest) -> bool:
+        """Complete on this node (COMPLETE marker matches and the snapshot exists)."""
+        return self.layout.is_complete(manifest) and self.snapshot_path(manifest).is_dir()
+
+    # -- staging ----------------------------------------------------------------------------------
+
+    def stage(
+        self,
+        manifest: Manifest,
+        cluster: ClusterCache | Sequence[ClusterCache],
+        job_id: str,
+        *,
+        authorize: Authorizer,
+    ) -> Path:
+        """Make ``manifest`` ready on this node, lease it to ``job_id`` and return its snapshot.
+
+        ``authorize(manifest)`` runs first, on hits too; if it raises, no lease, copy or link is
+        made and its exception propagates (R8, P11). On a miss each missing blob is copied from the
+        first cluster tier that has it (e.g. ``[shared, team]``), hashed while written and verified;
+        a blob that fails verification in one tier is tried in the next.
+
+        Raises:
+            CacheFullError: not enough room even after evicting every lease-free entry, or the disk
+                filled mid-write; the cache is left as it was.
+            CacheIntegrityError: a blob failed verification in every tier holding it (not served).
+            CacheLockTimeout: another stager of this entry stayed alive past the hard timeout.
+            StorageError: a blob is in no cluster tier, or I/O failed.
+        """
+        validate_job_id(job_id)
+        authorize(manifest)
+        clusters = [cluster] if isinstance(cluster, ClusterCache) else list(cluster)
+        mid = manifest.manifest_id
+        self.layout.ensure(extra=("leases", "jobs"))
+        with self._lock(f"entry-{mid}"):
+            if self.is_ready(manifest):  # hit: no hashing, trust the root-owned verified tier
+                self._add_lease(mid, job_id)
+                return self.snapshot_path(manifest)
+            return self._stage_miss(manifest, clusters, job_id)
+
+    def _stage_miss(self, manifest: Manifest, clusters: list[ClusterCache], job_id: str) -> Path:
+        mid = manifest.manifest_id
+        with self._lock("evict"):
+            lease_dir = self.layout.leases / mid
+            lease_dir.mkdir(exist_ok=True)
+            if not (lease_dir / _PENDING).exists():
+                write_file_atomic(lease_dir / _PENDING, manifest.canonical_json(), mode=0o444)
+            self._add_lease(mid, job_id)
+        published: list[str] = []
+        try:
+            missing = [f for f in unique_blobs(manifest.files) if not blob_present(self.layout, f)]
+            need = sum(f.size for f in missing)
+            self._make_room(need)
+            self._copy_all(missing, clusters, need, published)
+            snap = build_snapshot(self.layout, manifest)
+            write_file_atomic(self.layout.manifest_file(mid), manifest.canonical_json(), mode=0o444)
+            with contextlib.suppress(OSError):
+                os.unlink(lease_dir / _PENDING)
+            return snap
+        except BaseException:
+            self._remove_lease(mid, job_id)
+            if not self.leases(mid):
+                with contextlib.suppress(OSError):
+                    os.unlink(lease_dir / _PENDING)
+                with contextlib.suppress(OSError):
+                    os.rmdir(lease_dir)
+            if published:
+                with self._lock("evict"):
+                    self._remove_unreferenced(published)
+            raise
+
+    def _copy_all(self, missing: list[ManifestFile], clusters: list[ClusterCache], need: int,
+                  published: list[str]) -> None:
+        order = sorted(missing, key=lambda f: -f.size)  # big first: better balance across workers
+        errors: list[BaseException] = []
+        with ThreadPoolExecutor(max_workers=self.copy_workers, thread_name_prefix="stage") as pool:
+            futures = {pool.submit(self._copy_blob, f, clusters, need): f for f in order}
+            for fut, f in futures.items():
+                try:
+                    if fut.result():
+                        published.append(f.sha256)
+                except BaseException as exc:
+                    errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _copy_blob(self, f: ManifestFile, clusters: list[ClusterCache], need: int) -> bool:
+        first_error: CacheIntegrityError | None = None
+        for c in clusters:
+            try:
+                src = c.open_blob(f)
+            except FileNotFoundError:
+                continue
+            try:
+                return self._copy_from(src, f, need, c)
+            except CacheIntegrityError as exc:
+                _log.error("rejected blob %s for %s from %s: %s", f.sha256, f.path, c.root, exc)
+                first_error = first_error or exc
+            finally:
+                os.close(src)
+        if first_error is not None:
+            raise first_error
+        raise StorageError(f.sha256, f"blob for {f.path} is in no cluster cache "
+                                     f"({', '.join(str(c.root) for c in clusters)}); stage the source first")
+
+    def _copy_from(self, src: int, f: ManifestFile, need: int, cluster: ClusterCache) -> bool:
+        size = os.fstat(src).st_size
+        src_uri = str(cluster.layout.blob(f.sha256))
+        if size != f.size:
+            raise CacheIntegrityError(src_uri, f.sha256, "", f.size, size)
+        tmp = self.layout.tmp / tmp_name("blob")
+        dst = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                try:  # reserve early: ENOSPC before any byte is copied, and contiguous extents
+                    if f.size:
+                        os.posix_fallocate(dst, 0, f.size)
+                except OSError as exc:
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                actual, n = copy_and_hash(src, dst, f.size)
+                if actual != f.sha256 or n != f.size:
+                    raise CacheIntegrityError(src_uri, f.sha256, actual, f.size, n)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            return publish_blob_file(tmp, dst, self.layout.blob(f.sha256), f, actual, n)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT) or (
+                    isinstance(exc.__cause__, OSError) and exc.__cause__.errno in (errno.ENOSPC, errno.EDQUOT)):
+                raise CacheFullError(str(self.root), need, self._fs_free(), tier="node cache",
+                                     detail=f"disk filled while writing {f.path}") from exc
+            raise
+        finally:
+            os.close(dst)
+
+    # -- space ------------------------------------------------------------------------------------
+
+    def _fs_free(self) -> int:
+        st = os.statvfs(self.root)
+        return max(0, st.f_bavail * st.f_frsize - self.reserve_bytes)
+
+    def usage_bytes(self) -> int:
+        """Bytes held by blobs (snapshots are hard links to them)."""
+        return sum(self._blob_sizes().values())
+
+    def _blob_sizes(self) -> dict[str, int]:
+        out = {}
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.layout.blobs) as it:
+            for e in it:
+                if not e.name.startswith(".") and e.is_file(follow_symlinks=False):
+                    out[e.name] = e.stat(follow_symlinks=False).st_size
+        return out
+
+    def _make_room(self, need: int) -> None:
+        """Pre-flight: ``need`` more bytes must fit under ``max_bytes`` and in free space."""
+        if need == 0:
+            return
+        usage = self.usage_bytes()
+        room = min(self.max_bytes - usage, self._fs_free())
+        if need <= room:
+            return
+        with self._lock("evict"):
+            plan = self.plan_eviction(usage - (need - room))
+            if need > self.max_bytes or not plan.satisfied:
+                raise CacheFullError(str(self.root), need, max(room, 0), tier="node cache",
+                                     detail=f"{plan.bytes_freed} bytes evictable; cache left unchanged")
+            self._execute_locked(plan)
+        room = min(self.max_bytes - self.usage_bytes(), self._fs_free())
+        if need > room:
+            raise CacheFullError(str(self.root), need, max(room, 0), tier="node cache")
+
+    # -- leases -----------------------------------------------------------------------------------
+
+    def _add_lease(self, mid: str, job_id: str) -> None:
+        d = self.layout.leases / mid
+        d.mkdir(exist_ok=True)
+        # Leases need no fsync: after a crash no job holds anything, and prune_leases cleans up.
+        fd = os.open(d / job_id, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, json.dumps({"job_id": job_id, "since": time.time()}).encode())
+        finally:
+            os.close(fd)
+        os.utime(d)
+
+    def _remove_lease(self, mid: str, job_id: str) -> bool:
+        d = self.layout.leases / mid
+        try:
+            os.unlink(d / job_id)
+        except FileNotFoundError:
+            return False
+        with contextlib.suppress(OSError):
+            os.utime(d)
+        return True
+
+    def leases(self, manifest_id: str) -> list[str]:
+        """Job ids holding a lease on an entry."""
+        try:
+            return sorted(n for n in os.listdir(self.layout.leases / manifest_id) if not n.startswith("."))
+        except FileNotFoundError:
+            return []
+
+    def release(self, job_id: str) -> list[str]:
+        """Drop every lease of ``job_id`` (epilog); idempotent. Returns the manifest ids released."""
+        validate_job_id(job_id)
+        out = []
+        with contextlib.suppress(FileNotFoundError):
+            for mid in os.listdir(self.layout.leases):
+                if self._remove_lease(mid, job_id):
+                    out.append(mid)
+        return sorted(out)
+
+    def prune_leases(self, active_job_ids: Collection[str]) -> list[tuple[str, str]]:
+        """Drop leases of jobs not in ``active_job_ids`` (their epilog never ran: node crash, E08).
+
+        Returns:
+            ``(manifest_id, job_id)`` pairs removed.
+        """
+        active = set(active_job_ids)
+        out = []
+        with contextlib.suppress(FileNotFoundError):
+            for mid in os.listdir(self.layout.leases):
+                for job in self.leases(mid):
+                    if job not in active and self._remove_lease(mid, job):
+                        out.append((mid, job))
+        return out
+
+    # -- eviction ---------------------------------------------------------------------------------
+
+    def _last_used(self, mid: str) -> float:
+        for p in (self.layout.leases / mid, self.layout.manifest_file(mid)):
+            with contextlib.suppress(OSError):
+                return os.lstat(p).st_mtime
+        return 0.0
+
+    def _pending_blobs(self) -> set[str]:
+        """Blobs of leased entries without a COMPLETE marker yet (in-progress stages)."""
+        out: set[str] = set()
+        with contextlib.suppress(FileNotFoundError):
+            for mid in os.listdir(self.layout.leases):
+                p = self.layout.leases / mid / _PENDING
+                if self.leases(mid) and p.exists():
+                    with contextlib.suppress(OSError, ValueError):
+                        out.update(f.sha256 for f in Manifest.model_validate_json(p.read_bytes()).files)
+        return out
+
+    def _candidates(self) -> list[EvictionCandidate]:
+        out = []
+        for mid in self.layout.manifest_ids():
+            m = self.layout.read_manifest(mid)
+            if m is None:
+                continue
+            out.append(EvictionCandidate(mid, self._last_used(mid), frozenset(f.sha256 for f in m.files),
+                                         bool(self.leases(mid))))
+        return out
+
+    def plan_eviction(self, target_bytes: int) -> EvictionPlan:
+        """Plan LRU eviction of lease-free entries down to ``target_bytes`` of blob usage (no changes)."""
+        return plan_lru_eviction(self._candidates(), self._blob_sizes(), self._pending_blobs(), target_bytes)
+
+    def execute(self, plan: EvictionPlan) -> EvictionResult:
+        """Carry out a plan: markers and snapshots first, then blobs no remaining entry references.
+
+        Leases are re-checked under each entry's lock; an entry that gained a lease, or whose lock
+        stays busy, is skipped (and its blobs kept).
+        """
+        with self._lock("evict"):
+            return self._execute_locked(plan)
+
+    def _execute_locked(self, plan: EvictionPlan) -> EvictionResult:
+        removed: list[str] = []
+        skipped: list[str] = []
+        quick = dataclasses.replace(self.lock_options, timeout_s=self.evict_lock_timeout_s)
+        for mid in plan.manifests:
+            try:
+                with self._lock(f"entry-{mid}", quick):
+                    if self.leases(mid):
+                        skipped.append(mid)
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.layout.manifest_file(mid))
+                    fsync_dir(self.layout.manifests)
+                    remove_tree(self.layout, self.layout.snapshot(mid))
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.layout.leases / mid / _PENDING)
+                    with contextlib.suppress(OSError):
+                        os.rmdir(self.layout.leases / mid)
+                    removed.append(mid)
+                    _log.info("evicted entry %s", mid)
+            except CacheLockTimeout:
+                skipped.append(mid)
+        blobs, freed = self._remove_unreferenced(plan.blobs)
+        return EvictionResult(tuple(removed), tuple(skipped), tuple(blobs), freed)
+
+    def _referenced_blobs(self) -> set[str]:
+        refs = self._pending_blobs()
+        for c in self._candidates():
+            refs |= c.blobs
+        return refs
+
+    def _remove_unreferenced(self, shas: Sequence[str]) -> tuple[list[str], int]:
+        """Remove the given blobs unless an entry (complete or in progress) still references them."""
+        refs = self._referenced_blobs()
+        removed, freed = [], 0
+        for sha in shas:
+            if sha in refs:
+                continue
+            p = self.layout.blob(sha)
+            try:
+                size = os.lstat(p).st_size
+                os.unlink(p)
+            except FileNotFoundError:
+                continue
+            removed.append(sha)
+            freed += size
+        if removed:
+            fsync_dir(self.layout.blobs)
+        return removed, freed
+
+    # -- listing ----------------------------------------------------------------------------------
+
+    def entries(self) -> list[EntryInfo]:
+        """Complete entries, least recently used first, with their leases."""
+        out = []
+        for mid in self.layout.manifest_ids():
+            m = self.layout.read_manifest(mid)
+            if m is None:
+                continue
+            published = os.lstat(self.layout.manifest_file(mid)).st_mtime
+            out.append(EntryInfo(mid, m.kind, m.source, m.revision, len(m.files), m.total_bytes, published,
+                                 self._last_used(mid), tuple(self.leases(mid))))
+        return sorted(out, key=lambda e: (e.last_used, e.manifest_id))
+
+    def stat(self) -> CacheStats:
+        """Counts and sizes for ``slurm-bt cache ls --node``."""
+        return cache_stats(self.layout, tuple(self.entries()))
+
+    def gc_temp(self, *, older_than_s: float = 3600.0) -> list[Path]:
+        """Remove temp debris of dead writers (node-local, so pids are checked directly)."""
+        return gc_temp(self.layout, older_than_s)
+
+    @contextlib.contextmanager
+    def _lock(self, name: str, options: LockOptions | None = None) -> Iterator[None]:
+        opts = options or self.lock_options
+        if not (opts.use_flock or opts.use_lockfile):
+            yield
+            return
+        with weak_lock(self.layout.lock(name), opts):
+            yield
