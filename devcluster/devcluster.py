@@ -315,12 +315,16 @@ def ensure_dirs() -> bool:
     for n in NODES:
         mkdir(SPOOL / "slurmd" / n, 0o755)
     mkdir(STATE / "shared", 0o1777)
+    # Root of the project/team caches: root-owned so that only the prolog creates team directories
+    # (2770 root:<group>) in it; see docs/admin.md.
+    mkdir(STATE / "shared" / "cache", 0o755)
     mkdir(STATE / "node", 0o755)
-    # Node-local stand-ins, one tree per slurmd (site storage roots use %n). Until the root prolog
-    # prepares per-job directories itself, scratch is a sticky world-writable root like /tmp.
+    # Node-local stand-ins, one tree per slurmd (site storage roots use %n). The slurm-bt prolog
+    # creates each job's scratch (0700, the job's user), so the scratch root is root-owned 0755:
+    # users cannot pre-create (or plant symlinks at) job directories.
     for n in NODES:
         mkdir(STATE / "node" / n, 0o755)
-        mkdir(STATE / "node" / n / "scratch", 0o1777)
+        mkdir(STATE / "node" / n / "scratch", 0o755)
     mkdir(SLURM_LOG_DIR, 0o755, "slurm")
     mkdir(ETC_SLURM, 0o755)
     mkdir(MUNGE_RUN, 0o755, "munge")

@@ -30,8 +30,8 @@ if [ ! -x "$venv/bin/python" ]; then
   say "creating $venv"
   /usr/bin/python3 -m venv "$venv"
 fi
-say "pip install -e $repo[dev,s3,hf,gcs,ssh]"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$repo[dev,s3,hf,gcs,ssh]"
+say "pip install -e $repo[dev,s3,hf,gcs,ssh,bench]"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$repo[dev,s3,hf,gcs,ssh,bench]"
 for tool in bt-sbatch slurm-bt; do
   ln -sf "$venv/bin/$tool" "/usr/local/bin/$tool"
 done

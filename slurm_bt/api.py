@@ -4,6 +4,11 @@
 TrainingProject built in code, snapshotting ``source_dir`` (default: the current directory). The
 returned dict has the keys callers of truss_train rely on (``id``, ``training_project.id``/``name``,
 ``current_status``, ...), with ``id`` being the Slurm job id.
+
+``remote``: upstream names a remote from ``~/.trussrc``; here a non-local ``remote`` names an SSH
+login node: an alias from ``~/.ssh/config`` (``push(path, remote="hpc-login")``), ``user@host``,
+``host:port`` or ``ssh://user@host:port``. The snapshot is built locally and submitted there
+(:mod:`slurm_bt.remote.commands`); the returned dict has the same shape as a local push.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from slurm_bt.errors import Problem, UserError
 
 if TYPE_CHECKING:
     from slurm_bt.compat.definitions import TrainingProject
+    from slurm_bt.submit import SubmitResult
 
-__all__ = ["push"]
+__all__ = ["push", "training_job_dict"]
 
 _LOCAL_REMOTES = {None, "baseten", "local"}
 
@@ -35,7 +41,9 @@ def push(
     Args:
         config: a ``pathlib.Path`` to a config.py, or a TrainingProject object (as upstream, a plain
             ``str`` is treated as neither and rejected).
-        remote: ``None``/"baseten"/"local" submit on this machine.
+        remote: ``None``/"baseten"/"local" submit on this machine; anything else is an SSH login
+            node (ssh config alias, ``user@host[:port]`` or ``ssh://user@host:port``). Remote
+            submission takes a config *path* (the folder is uploaded).
         source_dir: the folder to snapshot when ``config`` is an object (default: cwd).
         team_id: accepted for compatibility; teams are Slurm accounts here (pass ``--account``).
     """
@@ -44,8 +52,7 @@ def push(
     from slurm_bt.submit import submit_project
 
     if remote not in _LOCAL_REMOTES:
-        raise UserError("push", [Problem("remote", f"unknown remote {remote!r}; only local submission "
-                                         "is available in this version")])
+        return _push_remote(config, str(remote))
     job_object = None
     if isinstance(config, Path):
         source = os.fspath(config)
@@ -60,6 +67,14 @@ def push(
         raise UserError("push", [Problem("config", f"expected a pathlib.Path or a TrainingProject, "
                                          f"got {type(config).__name__}")])
     result = submit_project(project, config_path=config_path, source=source)
+    out = training_job_dict(result)
+    if job_object is not None:
+        out["job_object"] = job_object
+    return out
+
+
+def training_job_dict(result: SubmitResult) -> dict[str, Any]:
+    """The truss_train-shaped job dict of a submission (``bt-sbatch --json`` embeds it)."""
     spec = result.spec
     now = _dt.datetime.now(_dt.timezone.utc).isoformat()
     instance = f"{spec.nodes}x{spec.accelerator}:{spec.gpus_per_node}" if spec.accelerator else f"{spec.nodes}xCPU"
@@ -78,6 +93,22 @@ def push(
         "error_message": None,
         "job_dir": spec.context.job_dir,
     }
-    if job_object is not None:
-        out["job_object"] = job_object
+    return out
+
+
+def _push_remote(config: Path | TrainingProject, remote: str) -> dict[str, Any]:
+    from slurm_bt.compat.loader import load_training_project
+    from slurm_bt.errors import RemoteError
+    from slurm_bt.remote.commands import submit_remote
+
+    if not isinstance(config, Path):
+        raise UserError("push", [Problem("config", "remote push needs a pathlib.Path to a config.py "
+                                         "(its folder is uploaded), not a TrainingProject object")])
+    outcome = submit_remote(config, remote)
+    data = outcome.json()
+    if outcome.returncode != 0 or not isinstance(data, dict) or not isinstance(data.get("training_job"), dict):
+        detail = outcome.stderr.strip().splitlines()[-1] if outcome.stderr.strip() else "no JSON answer"
+        raise RemoteError(remote, f"bt-sbatch failed on the login node (exit {outcome.returncode}): {detail}")
+    out: dict[str, Any] = dict(data["training_job"])
+    out["job_object"] = load_training_project(config).job
     return out

@@ -38,6 +38,10 @@ __all__ = [
 
 SPEC_VERSION = 1
 _CONTAINER_UNSAFE = re.compile(r"[,:\s]")
+# Names bash refuses to assign (export would abort the job under `set -e`).
+_BASH_READONLY = frozenset({"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID"})
+# Linux's limit on one "NAME=value" string (MAX_ARG_STRLEN): longer and every exec in the job fails.
+_MAX_ENV_STRING = 131072
 
 
 class _Frozen(BaseModel):
@@ -254,9 +258,18 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
     env: list[tuple[str, str]] = []
     secret_env: list[tuple[str, str]] = []
     for key, value in runtime.environment_variables.items():
+        loc = f"job.runtime.environment_variables.{key}"
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            problems.append(Problem(f"job.runtime.environment_variables.{key}",
-                                    "not a valid environment variable name"))
+            problems.append(Problem(loc, "not a valid environment variable name"))
+            continue
+        if key in _BASH_READONLY or key.startswith("bt_"):
+            why = "read-only in bash" if key in _BASH_READONLY else "names starting with bt_ are reserved by slurm-bt"
+            problems.append(Problem(loc, f"cannot be set: {why}"))
+            continue
+        if isinstance(value, str) and len(key) + 1 + len(value.encode()) >= _MAX_ENV_STRING:
+            problems.append(Problem(loc, f"value is too long for an environment variable "
+                                         f"({len(value.encode())} bytes; Linux allows {_MAX_ENV_STRING - 1} "
+                                         "per NAME=value): put it in a file in the config folder"))
             continue
         if isinstance(value, str):
             env.append((key, value))

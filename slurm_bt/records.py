@@ -31,6 +31,8 @@ class SubmissionRecord(BaseModel):
     config_path: str
     submitted_at: str
     user: str
+    #: The separate weights-staging job this job depends on (``--dependency=afterok``), if any.
+    staging_job_id: str | None = None
 
 
 def _records_dir(workspace: Path) -> Path:

@@ -26,6 +26,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurm_bt.errors import Problem, SiteConfigError
+from slurm_bt.weights.sources.config import SourceEndpoints
 
 __all__ = [
     "DEFAULT_SITE_PATH",
@@ -33,6 +34,7 @@ __all__ = [
     "AcceleratorMapping",
     "SiteSettings",
     "StorageRoots",
+    "WeightsSettings",
     "expand_path",
     "load_site_settings",
     "user_path",
@@ -105,6 +107,46 @@ class StorageRoots(_Strict):
         return v
 
 
+# -- weights delivery (slurm_bt.weights.plan / stage_job / node_stage) -------------------------------
+def _source_endpoints() -> SourceEndpoints:
+    return SourceEndpoints()
+
+
+class WeightsSettings(_Strict):
+    """``[weights]``: where weights sources live and how the node tier trusts the cluster tier.
+
+    Attributes:
+        endpoints: per-backend endpoints (``[weights.endpoints]``: ``hf_endpoint``,
+            ``s3_endpoint_url``...); recorded in each job's plan so the staging job uses the same.
+        node_cache_max_bytes: cap on the node cache's blob bytes (LRU eviction of lease-free entries).
+        node_cache_reserve_bytes: free space on the node-cache filesystem never used.
+        verify_node_copy: ``team`` (default) re-hashes every blob copied from a team tier (users
+            write it) but copies from the root-owned, admin-curated shared tier at kernel-copy speed;
+            ``all`` re-hashes every copy (also catches storage rot on the shared filesystem).
+        staging_cpus: CPUs of a staging job (downloads are I/O bound; two threads hash).
+        staging_mem: memory of a staging job (Slurm syntax).
+        staging_time: time limit of a staging job (Slurm syntax).
+        bwrap: absolute path of bubblewrap on the compute nodes (host jobs' private views).
+    """
+
+    endpoints: SourceEndpoints = Field(default_factory=_source_endpoints)
+    node_cache_max_bytes: int = Field(default=200 * 1024**3, gt=0)
+    node_cache_reserve_bytes: int = Field(default=1024**3, ge=0)
+    verify_node_copy: Literal["team", "all"] = "team"
+    staging_cpus: int = Field(default=1, ge=1, le=256)
+    staging_mem: str = Field(default="1G", pattern=r"^[0-9]+[KMGT]?$")
+    staging_time: str = Field(default="6:00:00", pattern=r"^[0-9:-]+$")
+    bwrap: str = "/usr/bin/bwrap"
+
+    @field_validator("bwrap")
+    @classmethod
+    def _abs_bwrap(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path (jobs run with a minimal PATH)")
+        return v
+# -- end weights ---------------------------------------------------------------------------------------
+
+
 class SiteSettings(_Strict):
     """The validated site configuration (see the module docstring for the file format).
 
@@ -121,6 +163,7 @@ class SiteSettings(_Strict):
         max_snapshot_bytes: size limit of a config-folder snapshot (Baseten's is 5 GB).
         master_port_base: torchrun's ``MASTER_PORT`` is this plus the job id modulo 10000.
         storage: storage roots.
+        weights: weights delivery (``[weights]``, :class:`WeightsSettings`).
     """
 
     default_partition: SlurmName = "gpu"
@@ -136,6 +179,7 @@ class SiteSettings(_Strict):
     max_snapshot_bytes: int = Field(default=5 * 1024**3, gt=0)
     master_port_base: int = Field(default=20000, ge=1024, le=55000)
     storage: StorageRoots = Field(default_factory=StorageRoots)
+    weights: WeightsSettings = Field(default_factory=WeightsSettings)
 
     @model_validator(mode="after")
     def _containers_need_uniform_paths(self) -> SiteSettings:

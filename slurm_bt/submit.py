@@ -54,6 +54,7 @@ class SubmitResult:
     job_id: str | None = None
     record_path: str | None = None
     warnings: list[str] = field(default_factory=list)
+    staging_job_id: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-able summary (``bt-sbatch --json``)."""
@@ -66,6 +67,7 @@ class SubmitResult:
             "job_dir": self.spec.context.job_dir,
             "submit_id": self.spec.context.submit_id,
             "record": self.record_path,
+            "staging_job_id": self.staging_job_id,
             "warnings": self.warnings,
         }
 
@@ -153,6 +155,10 @@ def submit_project(
     site = site or load_site_settings(environ=environ)
     _check_sbatch_args(sbatch_args)
     spec = prepare_submission(project, config_path=config_path, source=source, site=site)
+    if spec.load_checkpoint.enabled:  # pin LoadCheckpointConfig now: "latest" moves (docs/checkpoints.md)
+        from slurm_bt.checkpoints.resolve import resolve_load_checkpoints
+
+        spec = resolve_load_checkpoints(spec, workspace=user_path(site.storage.workspace))
     script = render_batch_script(spec)
     result = SubmitResult(spec=spec, script=script, warnings=list(spec.warnings))
     store = SecretStore(Path(user_path(site.storage.secrets)))
@@ -161,22 +167,53 @@ def submit_project(
         result.warnings += [f"secret {n!r} is not in your secret store yet" for n in missing]
         return result
     _check_secrets(spec, store)
+    # -- weights (slurm_bt.weights.plan): pin every source now (listings only); a bad source fails
+    # the submission here with exit 2 naming job.weights[i].source.
+    weights_plan = None
+    if spec.weights:
+        from slurm_bt.weights.plan import plan_weights, team_for_user
+
+        weights_plan = plan_weights(spec, site, store, team=team_for_user(sbatch_args))
+    # -- end weights
     pw = pwd.getpwuid(os.getuid())
     workspace = Path(user_path(site.storage.workspace))
     job_dir = _write_job_dir(spec, script, project, site.max_snapshot_bytes, result.warnings)
     client = SlurmClient(runner or SubprocessRunner())
+    sub_env = os.environ if environ is None else environ
+    staging_id: str | None = None
     try:
-        job_id = client.submit(script, list(sbatch_args), env=os.environ if environ is None else environ)
+        extra = list(sbatch_args)
+        # -- weights: the staging job first (held); the training job waits for it (afterok) and is
+        # killed by Slurm if staging fails. Nothing is staged when every source is already cached.
+        if weights_plan is not None:
+            from slurm_bt.weights.plan import submit_staging_job
+
+            staging_id = submit_staging_job(client, spec, site, weights_plan, job_dir, sub_env)
+            if staging_id is not None:
+                extra += [f"--dependency=afterok:{staging_id}", "--kill-on-invalid-dep=yes"]
+        # -- end weights
+        job_id = client.submit(script, extra, env=sub_env)
+        if staging_id is not None:
+            from slurm_bt.weights.plan import release_staging_job
+
+            try:
+                release_staging_job(client, staging_id, sub_env)
+            except BaseException:
+                client.cancel(job_id)
+                raise
     except BaseException:
+        if staging_id is not None:
+            client.cancel(staging_id)
         shutil.rmtree(job_dir, ignore_errors=True)
         raise
     record = SubmissionRecord(
         job_id=job_id, project_name=spec.project_name, project_id=spec.project_id,
         job_name=spec.job_name, submit_id=spec.context.submit_id, job_dir=str(job_dir),
         config_path=str(config_path), submitted_at=_dt.datetime.now(_dt.timezone.utc).isoformat(),
-        user=pw.pw_name,
+        user=pw.pw_name, staging_job_id=staging_id,
     )
     result.job_id = job_id
+    result.staging_job_id = staging_id
     result.record_path = str(write_record(workspace, record))
     return result
 

@@ -1,53 +1,113 @@
-"""``slurm-bt logs JOB``: the batch output and every node's output, each line tagged by its source."""
+"""``slurm-bt logs JOB``: the batch output and every node's output, each line tagged by its node.
+
+``--follow`` prints lines as they are written until the job ends: files are read every 0.5 s from
+the shared filesystem (free for the controller) and the job state is asked with one sacct call per
+poll on a 2 s → 30 s back-off, tolerating a few failed polls (:mod:`slurm_bt.jobs.poll`).
+Logs are read only through the caller's own submission record (:mod:`slurm_bt.jobs.logs`).
+"""
 
 from __future__ import annotations
 
-import re
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
+from slurm_bt.cli import options
 from slurm_bt.cli.errors import handle_errors
+from slurm_bt.cli.options import host_options, load_records, warn
 from slurm_bt.errors import Problem, UserError
 
 __all__ = ["logs_command"]
 
 
-def _log_files(job_dir: Path, job_id: str) -> list[tuple[str, Path]]:
-    logs = job_dir / "logs"
-    out: list[tuple[str, Path]] = []
-    batch = logs / f"slurm-{job_id}.out"
-    if batch.exists():
-        out.append(("batch", batch))
-    node_re = re.compile(rf"^slurm-{re.escape(job_id)}\.node(\d+)\.out$")
-    nodes = []
-    for path in logs.glob(f"slurm-{job_id}.node*.out") if logs.is_dir() else []:
-        m = node_re.match(path.name)
-        if m:
-            nodes.append((int(m.group(1)), path))
-    out += [(f"node {rank}", path) for rank, path in sorted(nodes)]
-    return out
+def _print(line: str) -> None:
+    click.echo(line)
+    sys.stdout.flush()  # a follower is read through a pipe as lines come
+
+
+def _to_stderr(raw: str) -> None:
+    sys.stderr.write(raw)
+    sys.stderr.flush()
+
+
+def _render_json_line(raw: str) -> None:
+    try:
+        d: Any = json.loads(raw)
+        _print(f"[{d['tag']}] {d['line']}")
+    except (ValueError, KeyError, TypeError):
+        _print(raw.rstrip("\n"))
+
+
+def _remote(host: str, job_id: str, follow: bool, tail: int | None, node: int | None, as_json: bool,
+            accept_new: bool) -> None:
+    from slurm_bt.remote.commands import run_remote
+
+    argv = ["logs", job_id, "--json"]
+    if follow:
+        argv.append("--follow")
+    if tail is not None:
+        argv += ["--tail", str(tail)]
+    if node is not None:
+        argv += ["--node", str(node)]
+    outcome = run_remote(
+        host, argv, accept_new_host_key=accept_new,
+        on_stdout=(lambda raw: _print(raw.rstrip("\n"))) if as_json else _render_json_line,
+        on_stderr=_to_stderr,
+    )
+    if outcome.returncode != 0:
+        raise SystemExit(outcome.returncode)
 
 
 @click.command(name="logs")
 @click.argument("job_id")
-@click.option("--node", "node_rank", type=int, default=None, help="Only this node rank's output.")
-@click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
-def logs_command(job_id: str, node_rank: int | None, debug: bool) -> None:
-    """Print JOB_ID's output: the batch step, then each node, every line tagged."""
-    from slurm_bt.records import read_record
-    from slurm_bt.site_settings import load_site_settings, user_path
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the job ends.")
+@click.option("--tail", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Start with the last N lines of each node's output.")
+@click.option("--node", "node_rank", type=click.IntRange(min=0), default=None, metavar="RANK",
+              help="Only this node rank's output.")
+@click.option("--json", "as_json", is_flag=True, help="JSON Lines: {\"tag\", \"node\", \"line\"} per line.")
+@host_options
+def logs_command(job_id: str, follow: bool, tail: int | None, node_rank: int | None, as_json: bool,
+                 host: str | None, accept_new_host_key: bool, debug: bool) -> None:
+    """Print JOB_ID's output: the batch step, then each node, every line tagged ([node 0] ...)."""
+    from slurm_bt.jobs.logs import LogLine, LogReader, follow_logs
+    from slurm_bt.status import check_job_ids, query_statuses
 
     with handle_errors("slurm-bt", debug=debug):
-        workspace = Path(user_path(load_site_settings().storage.workspace))
-        record = read_record(workspace, job_id)
+        check_job_ids([job_id])
+        if host is not None:
+            _remote(host, job_id, follow, tail, node_rank, as_json, accept_new_host_key)
+            return
+        records = load_records([job_id])
+        record = records.get(job_id)
         if record is None:
-            raise UserError("slurm-bt", [Problem("JOB_ID", f"job {job_id} was not submitted with slurm-bt "
-                                                 f"from this account (no record in {workspace}/records)")])
-        files = _log_files(Path(record.job_dir), job_id)
-        if node_rank is not None:
-            files = [(tag, p) for tag, p in files if tag == f"node {node_rank}"]
-        for tag, path in files:
-            with path.open("r", errors="replace") as f:
-                for line in f:
-                    click.echo(f"[{tag}] {line.rstrip(chr(10))}")
+            raise UserError("slurm-bt", [Problem("JOB_ID", f"job {job_id} was not submitted with slurm-bt from "
+                                                 "this account (no submission record): logs are only shown "
+                                                 "for your own jobs")])
+        reader = LogReader(Path(record.job_dir), job_id, node=node_rank, tail=tail)
+
+        def emit(line: LogLine) -> None:
+            if as_json:
+                _print(json.dumps({"tag": line.tag, "node": line.node, "line": line.text}))
+            else:
+                _print(line.render())
+
+        if not follow:
+            for line in reader.read() + reader.flush():
+                emit(line)
+            for warning in reader.warnings:
+                warn(warning)
+            return
+        client = options.make_client()
+
+        def poll() -> tuple[bool, str | None, str]:
+            report = query_statuses(client, [job_id], records=records, retries=0)
+            if report.error is not None:
+                return False, str(report.error), ""
+            st = report.statuses[0]
+            return st.terminal, None, st.status + (st.lifecycle.detail if st.lifecycle else "")
+
+        follow_logs(reader, poll, emit=emit, on_warning=warn)

@@ -1,57 +1,145 @@
-"""``slurm-bt status JOB...``: truss lifecycle + Slurm state, from one batched sacct call."""
+"""``slurm-bt status|view`` and ``slurm-bt list``: truss lifecycle + Slurm state, one batched query.
+
+``status JOB...`` (or ``view``, truss's name) shows given jobs; ``--project NAME`` every job of a
+project from the caller's submission records; ``list`` the caller's most recent jobs. Output is a
+table, or ``--json``. When slurmdbd is unreachable the live jobs slurmctld still knows are shown,
+then the error naming slurmdbd, and the exit status is 1.
+"""
 
 from __future__ import annotations
 
-import json
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
+from slurm_bt.cli import options
 from slurm_bt.cli.errors import handle_errors
-from slurm_bt.slurm.states import TrainingJobStatus
+from slurm_bt.cli.options import host_options, load_records, print_json, remote_json, warn
 
-__all__ = ["status_command"]
+__all__ = ["list_command", "render_table", "status_command"]
+
+_COLUMNS = ("JOB ID", "PROJECT", "NAME", "STATUS", "SLURM", "NODES", "ELAPSED")
 
 
-def _line(st: object) -> str:
-    from slurm_bt.status import JobStatus
+def _elapsed(seconds: Any) -> str:
+    if not isinstance(seconds, int):
+        return "-"
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
-    assert isinstance(st, JobStatus)
-    return f"{st.job_id:<10} {st.lifecycle.status.value:<28} {st.lifecycle.detail}"
+
+def render_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Status dicts (``JobStatus.as_dict``) as an aligned text table, header first."""
+    cells = [_COLUMNS]
+    for d in rows:
+        project = (d.get("training_project") or {}).get("name") or "-"
+        cells.append((
+            str(d.get("id")),
+            project,
+            str(d.get("name") or "-"),
+            str(d.get("current_status") or "UNKNOWN"),
+            str(d.get("detail") or "-"),
+            str(d.get("nodes") or "-"),
+            _elapsed(d.get("elapsed_s")),
+        ))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(_COLUMNS) - 1)]
+    out = []
+    for c in cells:
+        out.append("  ".join(v.ljust(w) for v, w in zip(c[:-1], widths, strict=True)) + "  " + c[-1])
+    return [line.rstrip() for line in out]
+
+
+def _emit(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print_json(rows)
+    else:
+        for line in render_table(rows):
+            click.echo(line)
+
+
+def _degraded_exit(error: Exception | None) -> None:
+    if error is not None:
+        click.echo(f"slurm-bt: error: slurmdbd unreachable, showing only jobs slurmctld still holds: {error}",
+                   err=True)
+        raise SystemExit(1)
+
+
+def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s: float, as_json: bool,
+                  limit: int | None = None) -> list[dict[str, Any]]:
+    from slurm_bt.status import query_statuses, wait_for_jobs
+
+    records = load_records(job_ids, project, everything=limit is not None)
+    if project is not None or limit is not None:
+        job_ids = list(records)[: limit if limit is not None else None]
+        if not job_ids:
+            what = f"project {project!r}" if project is not None else "this account"
+            click.echo(f"slurm-bt: no jobs recorded for {what}", err=True)
+            return []
+    client = options.make_client()
+    if wait:
+        def show(st: Any) -> None:
+            if not as_json:
+                click.echo(f"{st.job_id:<10} {st.status:<28} {st.lifecycle.detail if st.lifecycle else 'unknown'}")
+                sys.stdout.flush()
+
+        report = wait_for_jobs(client, job_ids, timeout_s=timeout_s, records=records, on_change=show, on_warning=warn)
+    else:
+        report = query_statuses(client, job_ids, records=records)
+    for warning in report.warnings:
+        warn(warning)
+    rows = [st.as_dict() for st in report.statuses]
+    if as_json or not wait:
+        _emit(rows, as_json)
+    _degraded_exit(report.error)
+    return rows
 
 
 @click.command(name="status")
-@click.argument("job_ids", nargs=-1, required=True)
+@click.argument("job_ids", nargs=-1)
+@click.option("--project", default=None, metavar="NAME", help="Every job of this project (name or id).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--wait", is_flag=True, help="Wait until every job has finished.")
 @click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
               help="With --wait: give up after this many seconds.")
 @click.option("--check", is_flag=True, help="Exit 1 unless every job COMPLETED.")
-@click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
-def status_command(job_ids: tuple[str, ...], as_json: bool, wait: bool, timeout_s: float, check: bool,
-                   debug: bool) -> None:
-    """Show the lifecycle state of JOB_IDS (TRAINING_JOB_* plus Slurm's state and reason)."""
-    from slurm_bt.slurm.client import SlurmClient
-    from slurm_bt.slurm.runner import SubprocessRunner
-    from slurm_bt.status import job_statuses, wait_for_jobs
-
+@host_options
+def status_command(job_ids: tuple[str, ...], project: str | None, as_json: bool, wait: bool, timeout_s: float,
+                   check: bool, host: str | None, accept_new_host_key: bool, debug: bool) -> None:
+    """Show JOB_IDS (or every job of --project): TRAINING_JOB_* status with Slurm's state and reason."""
+    if not job_ids and project is None:
+        raise click.UsageError("give one or more JOB_IDS or --project NAME")
     with handle_errors("slurm-bt", debug=debug):
-        client = SlurmClient(SubprocessRunner())
-        if wait:
-            def show(st: object) -> None:
-                if not as_json:
-                    click.echo(_line(st))
-                    sys.stdout.flush()
-
-            statuses = wait_for_jobs(client, list(job_ids), timeout_s=timeout_s, on_change=show)
+        if host is not None:
+            argv = ["status", *job_ids, *(["--project", project] if project else [])]
+            if wait:
+                argv += ["--wait", "--timeout", str(timeout_s)]
+            rows = remote_json(host, argv, accept_new_host_key) or []
+            _emit(rows, as_json)
+            code = click.get_current_context().meta.get("remote_exit")
+            if code:
+                raise SystemExit(code)
         else:
-            statuses = job_statuses(client, list(job_ids))
-            if not as_json:
-                for st in statuses:
-                    click.echo(_line(st))
-        for warning in client.last_warnings:
-            click.echo(f"slurm-bt: warning: {warning}", err=True)
-    if as_json:
-        click.echo(json.dumps([st.as_dict() for st in statuses], indent=2))
-    if check and any(st.lifecycle.status is not TrainingJobStatus.COMPLETED for st in statuses):
+            rows = _local_status(list(job_ids), project, wait, timeout_s, as_json)
+    if check and any(r.get("current_status") != "TRAINING_JOB_COMPLETED" for r in rows):
         raise SystemExit(1)
+
+
+@click.command(name="list")
+@click.option("--project", default=None, metavar="NAME", help="Only this project's jobs.")
+@click.option("--limit", type=click.IntRange(1, 10000), default=20, show_default=True, help="How many recent jobs.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@host_options
+def list_command(project: str | None, limit: int, as_json: bool, host: str | None, accept_new_host_key: bool,
+                 debug: bool) -> None:
+    """Your most recent jobs (from your submission records), newest first, with their status."""
+    with handle_errors("slurm-bt", debug=debug):
+        if host is not None:
+            argv = ["list", "--limit", str(limit), *(["--project", project] if project else [])]
+            rows = remote_json(host, argv, accept_new_host_key) or []
+            _emit(rows, as_json)
+            code = click.get_current_context().meta.get("remote_exit")
+            if code:
+                raise SystemExit(code)
+        else:
+            _local_status([], project, False, 0.0, as_json, limit=limit)

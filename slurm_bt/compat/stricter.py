@@ -118,11 +118,42 @@ def _get(obj: Any, name: str) -> Any:
     return None
 
 
+def _string_problems(value: Any, loc: str) -> Iterator[Problem]:
+    """NUL bytes and unencodable text (lone surrogates) anywhere in the config.
+
+    Every string may end up in a script, a path or the environment: a NUL cannot be represented in
+    any of them, and a lone surrogate cannot even be written out as UTF-8.
+    """
+    if isinstance(value, str):
+        if "\0" in value:
+            yield Problem(loc, f"contains a NUL byte {STRICTER}")
+        else:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                yield Problem(loc, f"is not valid Unicode text (lone surrogate) {STRICTER}")
+    elif isinstance(value, pydantic.BaseModel):
+        extra = value.__pydantic_extra__ or {}
+        for name in [*type(value).model_fields, *extra]:
+            yield from _string_problems(getattr(value, name, None), f"{loc}.{name}" if loc else name)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _string_problems(key, f"{loc}[{key!r}]")
+            yield from _string_problems(item, f"{loc}.{key}" if isinstance(key, str) and key.isidentifier()
+                                        else f"{loc}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _string_problems(item, f"{loc}[{i}]")
+
+
 def _problems(job: Any) -> Iterator[Problem]:
     compute = _get(job, "compute")
     node_count = _get(compute, "node_count")
     if isinstance(node_count, int) and not isinstance(node_count, bool) and node_count < 1:
         yield Problem("job.compute.node_count", f"must be at least 1, got {node_count} {STRICTER}")
+    cpu_count = _get(compute, "cpu_count")
+    if isinstance(cpu_count, int) and not isinstance(cpu_count, bool) and cpu_count < 1:
+        yield Problem("job.compute.cpu_count", f"must be at least 1, got {cpu_count} {STRICTER}")
     memory = _get(compute, "memory")
     if isinstance(memory, str):
         try:
@@ -145,4 +176,6 @@ def stricter_problems(project: Any) -> list[Problem]:
 
     Values of the wrong type are skipped: pydantic already reports those, once.
     """
-    return list(_problems(_get(project, "job")))
+    text = list(_string_problems(project, ""))
+    seen = {p.loc for p in text}  # one problem per field: a NUL makes other checks of it moot
+    return [*text, *(p for p in _problems(_get(project, "job")) if p.loc not in seen)]

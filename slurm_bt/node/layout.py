@@ -63,14 +63,18 @@ def runtime_dir(spec: JobSpec, job_id: str) -> str:
     return f"{root}/slurm-bt-{spec.context.uid}/{job_id}"
 
 
-def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | None = None) -> JobLayout:
+def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | None = None,
+               team: str | None = None) -> JobLayout:
     """Compute the layout of job ``job_id`` on node ``node``.
 
     Args:
         spec: the job.
         job_id: the Slurm job id, or a shell reference such as ``${SLURM_JOB_ID}`` when rendering.
         node: the Slurm node name, or ``None`` when rendering (then ``%n`` stays unexpanded).
-        account: the Slurm account, used as the team for team caches (``default`` when unset).
+        account: the Slurm account; names the team directory only when ``team`` is not given
+            (clusters without the slurm-bt prolog; ``default`` when unset).
+        team: the team group the root prolog resolved and recorded for this job (trusted; see
+            ``slurm_bt.hooks.teams``). It wins over ``account``.
     """
     ctx = spec.context
 
@@ -118,9 +122,9 @@ def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | N
             env.append(("BT_LOAD_CHECKPOINT_DIR", host))
 
     if spec.cache.enabled:
-        team = slugify(account or "", default="default")
-        project_cache = f"{root('cache')}/teams/{team}/projects/{spec.project_id}"
-        team_cache = f"{root('cache')}/teams/{team}/shared"
+        team_dir = team if team else slugify(account or "", default="default")
+        project_cache = f"{root('cache')}/teams/{team_dir}/projects/{spec.project_id}"
+        team_cache = f"{root('cache')}/teams/{team_dir}/shared"
         host_rw = f"{mnt}/cache"
         make_dirs.extend([project_cache, team_cache, host_rw])
         links.extend([(f"{host_rw}/user_artifacts", project_cache), (f"{host_rw}/team_artifacts", team_cache)])
@@ -132,8 +136,12 @@ def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | N
         env.extend([("BT_RW_CACHE_DIR", rw), ("BT_PROJECT_CACHE_DIR", f"{rw}/user_artifacts"),
                     ("BT_TEAM_CACHE_DIR", f"{rw}/team_artifacts")])
         if spec.cache.enable_legacy_hf_mount:
+            # Baseten's legacy mount is a persistent Hugging Face cache, so it lives in the
+            # project cache (shared by the project's jobs), shown at <mount_base_path>/huggingface.
+            hf = f"{project_cache}/huggingface"
+            make_dirs.append(hf)
+            links.append((f"{host_rw}/huggingface", hf))
             env.append(("HF_HOME", f"{rw}/huggingface"))
-            make_dirs.append(f"{host_rw}/huggingface")
 
     if in_container:
         node_weights = f"{root('node_cache')}/jobs/{job_id}"

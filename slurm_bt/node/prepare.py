@@ -8,6 +8,13 @@ own secret store (as the user, on the node, at run time) and hands them to ``nod
 It also creates the per-job directories the ``BT_*`` variables name. On clusters whose admins install
 the slurm-bt prolog these already exist (root prepares team caches and scratch with the right owners);
 creating them here, as the user, keeps jobs working on clusters without the hooks.
+
+Before anything else it reads what the root prolog left for this job on this node
+(:mod:`slurm_bt.hooks.status`): a ``prolog-error`` note makes this step exit 1 with the prolog's
+reason, which is how a user-caused prolog problem fails the job without draining the node; the
+``prolog.json`` record names the team group whose caches the prolog prepared. Without a prolog
+(no notes at all) the step falls back to creating scratch and per-user caches itself, which needs a
+world-writable sticky scratch root (docs/admin.md §Without the prolog).
 """
 
 from __future__ import annotations
@@ -20,30 +27,30 @@ from pathlib import Path
 
 from slurm_bt.atomic import make_private_dir, write_file_atomic
 from slurm_bt.errors import BtError, StorageError
+from slurm_bt.hooks.status import PrologRefusedError, read_hook_state
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.layout import job_layout
 from slurm_bt.node.registry_auth import enroot_credentials, registry_login
 from slurm_bt.secrets_store import SecretStore
-from slurm_bt.site_settings import user_path
+from slurm_bt.site_settings import expand_path, user_path
 
 __all__ = ["encode_env", "main", "node_environment", "prepare_node"]
 
 
-def node_environment(spec: JobSpec, environ: Mapping[str, str], store: SecretStore) -> list[tuple[str, str]]:
+def node_environment(spec: JobSpec, environ: Mapping[str, str], store: SecretStore,
+                     team: str | None = None) -> list[tuple[str, str]]:
     """The per-node variables: layout paths, ranks, identity, then the resolved secrets (last)."""
     job_id = environ["SLURM_JOB_ID"]
     node_id = environ.get("SLURM_NODEID", "0")
     layout = job_layout(spec, job_id=job_id, node=environ.get("SLURMD_NODENAME"),
-                        account=environ.get("SLURM_JOB_ACCOUNT"))
+                        account=environ.get("SLURM_JOB_ACCOUNT"), team=team)
     pw = pwd.getpwuid(os.getuid())
     values = list(layout.env)
-    values += [
-        ("BT_NODE_RANK", node_id),
-        ("NODE_RANK", node_id),
-        ("HOME", pw.pw_dir),
-        ("USER", pw.pw_name),
-        ("LOGNAME", pw.pw_name),
-    ]
+    values += [("BT_NODE_RANK", node_id), ("NODE_RANK", node_id)]
+    # Identity defaults; a value the config sets explicitly wins (it is already in the environment).
+    configured = {name for name, _ in spec.env}
+    values += [(k, v) for k, v in (("HOME", pw.pw_dir), ("USER", pw.pw_name), ("LOGNAME", pw.pw_name))
+               if k not in configured]
     values += [(key, store.get(name)) for key, name in spec.secret_env]
     if spec.docker_auth is not None and spec.container_runtime == "apptainer":
         user, password = registry_login(spec, store)
@@ -61,22 +68,62 @@ def encode_env(values: list[tuple[str, str]]) -> bytes:
     return bytes(out)
 
 
-def prepare_node(spec_path: Path, environ: Mapping[str, str]) -> Path:
-    """Create this node's directories and write its environment file. Returns the file's path."""
-    spec = JobSpec.model_validate_json(spec_path.read_bytes())
+def _team_from_prolog(node: str | None, job_id: str, state_root: str | None) -> str | None:
+    """The prolog's verdict for this job here: raises its refusal, returns the team it prepared."""
+    if not node:
+        return None
+    state = read_hook_state(node, job_id) if state_root is None else read_hook_state(node, job_id, state_root)
+    if state.error is not None:
+        raise PrologRefusedError(f"the slurm-bt prolog refused this job on node {node}: {state.error}")
+    team = state.record.get("team") if state.record else None
+    return team if isinstance(team, str) and team else None
+
+
+def _make_scratch(scratch: Path) -> None:
+    if not scratch.is_dir():
+        try:
+            scratch.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass
+        if scratch.parent.is_dir() and not os.access(scratch.parent, os.W_OK):
+            raise StorageError(str(scratch), "was not created by the slurm-bt prolog and its root is not "
+                               "writable: the prolog did not run for this job on this node (ask an admin to "
+                               "check Prolog= in slurm.conf and /var/log/slurm-bt/hooks.log)")
+    make_private_dir(scratch)
+
+
+def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str | None = None) -> Path:
+    """Create this node's directories and write its environment file. Returns the file's path.
+
+    Raises:
+        PrologRefusedError: the root prolog refused this job on this node (its reason is the message).
+    """
     job_id = environ["SLURM_JOB_ID"]
-    layout = job_layout(spec, job_id=job_id, node=environ.get("SLURMD_NODENAME"),
-                        account=environ.get("SLURM_JOB_ACCOUNT"))
+    node = environ.get("SLURMD_NODENAME")
+    team = _team_from_prolog(node, job_id, state_root)
+    spec = JobSpec.model_validate_json(spec_path.read_bytes())
+    layout = job_layout(spec, job_id=job_id, node=node, account=environ.get("SLURM_JOB_ACCOUNT"), team=team)
+    cache_root = expand_path(spec.storage["cache"], user=spec.context.user, uid=spec.context.uid,
+                             home=spec.context.home, node=node) + "/"
     for path in layout.make_dirs:
         p = Path(path)
         if path == layout.scratch:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            make_private_dir(p)
+            _make_scratch(p)
+        elif path.startswith(cache_root):
+            # Group bits let the prolog's default ACL share new cache dirs with the team; without
+            # the prolog the umask (0077 in jobs) keeps them private.
+            p.mkdir(parents=True, exist_ok=True, mode=0o770)
         else:
             p.mkdir(parents=True, exist_ok=True, mode=0o700)
     for link, target in layout.links:
         if not os.path.islink(link):
             os.symlink(target, link)
+    if spec.load_checkpoint.enabled:  # pinned at submit; verified by sha256 (docs/checkpoints.md)
+        from slurm_bt.checkpoints.download import download_pinned, host_load_dir
+
+        load_dir = host_load_dir(spec, job_id, environ.get("SLURMD_NODENAME"))
+        if load_dir is not None:
+            download_pinned(spec, load_dir)
     store = SecretStore(Path(user_path(spec.storage["secrets"])))
     runtime = Path(layout.runtime)
     make_private_dir(runtime.parent)
@@ -86,8 +133,17 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str]) -> Path:
         user, password = registry_login(spec, store)
         write_file_atomic(runtime / "enroot" / ".credentials",
                           enroot_credentials(spec.docker_auth.registry, user, password), mode=0o600)
+    # -- weights (slurm_bt.weights.node_stage): the prolog's node-cache snapshots, else the cluster
+    # cache snapshot (no-prolog fallback); host jobs also get the bubblewrap argv file.
+    weights_env: list[tuple[str, str]] = []
+    if spec.weights:
+        from slurm_bt.weights.node_stage import prepare_job_weights
+
+        weights_env = prepare_job_weights(spec, environ, runtime_dir=str(runtime), workdir=layout.workdir).env
+    # -- end weights
     env_file = runtime / f"node-{environ.get('SLURM_NODEID', '0')}.env"
-    write_file_atomic(env_file, encode_env(node_environment(spec, environ, store)), mode=0o600)
+    write_file_atomic(env_file, encode_env(node_environment(spec, environ, store, team) + weights_env),
+                      mode=0o600)
     return env_file
 
 

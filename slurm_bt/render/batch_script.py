@@ -158,6 +158,10 @@ def render_batch_script(spec: JobSpec) -> str:
         "",
         "# Step 1, every node: directories, secrets and the node's environment (as you, not root).",
         f"{srun} --job-name=bt-prepare {python} -I -m slurm_bt.node.prepare {shq(spec.spec_path)}",
+    ]
+    if spec.checkpointing.enabled:
+        lines += _checkpoint_uploader_lines(spec, srun, python)
+    lines += [
         "",
         "# Step 2, every node: the start commands, in order, from the config snapshot.",
     ]
@@ -172,6 +176,30 @@ def render_batch_script(spec: JobSpec) -> str:
     else:
         lines.append(f"{step} /bin/bash {entry}")
     return "\n".join(lines) + "\n"
+
+
+def _checkpoint_uploader_lines(spec: JobSpec, srun: str, python: str) -> list[str]:
+    """Start the checkpoint uploader on every node; on exit, tell it the start commands ended and wait.
+
+    A separate, overlapping step (not a child of the entry script) so that it runs on the host for
+    every container runtime; see ``slurm_bt.checkpoints.agent``.
+    """
+    finish = _word(f"{spec.context.job_dir}/checkpoints.finish.{_JOB}")
+    return [
+        "",
+        "# Checkpoint uploader, every node, in the background (as you): ships each completed checkpoint",
+        "# in $BT_CHECKPOINT_DIR while the start commands run, and the rest once they have ended.",
+        # No --kill-on-bad-exit: one node's uploader failing must not stop the others (or the job).
+        f"{srun.replace(' --kill-on-bad-exit=1', '')} --overlap --job-name=bt-checkpoints "
+        f"{python} -I -m slurm_bt.checkpoints.agent "
+        f"{shq(spec.spec_path)} &",
+        "bt_uploader=$!",
+        "bt_finish_checkpoints() {",
+        f"  : > {finish}",
+        '  wait "$bt_uploader" || echo "slurm-bt: some checkpoints were not uploaded; the epilog retries" >&2',
+        "}",
+        "trap bt_finish_checkpoints EXIT",
+    ]
 
 
 def render_node_entry(spec: JobSpec) -> str:
@@ -191,11 +219,26 @@ def render_node_entry(spec: JobSpec) -> str:
         '    echo "slurm-bt: $bt_env is missing: the prepare step did not finish on $(hostname)" >&2',
         "    exit 1",
         "  fi",
-        "  while IFS= read -r -d '' bt_kv; do export \"$bt_kv\"; done < \"$bt_env\"",
-        '  rm -f -- "$bt_env"',
+        "  # Unlink first, then read from the open descriptor: the file is gone whatever it holds.",
+        '  exec 3< "$bt_env" && rm -f -- "$bt_env" || exit 1',
+        "  while IFS= read -r -d '' bt_kv <&3; do export \"$bt_kv\"; done",
+        "  exec 3<&-",
         "  unset bt_env bt_kv",
         "fi",
     ]
+    if spec.container_runtime == "none" and spec.weights:
+        # -- weights (slurm_bt.weights.node_stage): host jobs re-run this script under bubblewrap,
+        # with each weights snapshot read-only at its mount_location for this job only; step 1
+        # wrote the argv (NUL-separated) when bwrap is usable on this node.
+        lines += [
+            f'bt_wrap={_word(runtime_dir(spec, _JOB) + "/node-")}"${{SLURM_NODEID}}.bwrap"',
+            'if [ "${1:-}" != --in-container ] && [ -f "$bt_wrap" ]; then',
+            "  mapfile -d '' -t bt_argv < \"$bt_wrap\" && rm -f -- \"$bt_wrap\" || exit 1",
+            '  exec "${bt_argv[@]}"',
+            "fi",
+            "unset bt_wrap",
+        ]
+        # -- end weights
     if spec.container_runtime == "apptainer":
         binds = _mounts_arg(layout.binds, "apptainer")
         lines += [
@@ -207,7 +250,7 @@ def render_node_entry(spec: JobSpec) -> str:
         ]
     lines += [
         f"cd -- {shq(layout.workdir)} || exit 1",
-        "set +u  # start commands run with ordinary shell semantics",
+        "set +u +o pipefail  # start commands run with ordinary shell semantics",
         "bt_commands=(",
     ]
     lines += [f"  {shq(cmd)}" for cmd in spec.start_commands]

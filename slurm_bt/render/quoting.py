@@ -19,9 +19,28 @@ __all__ = ["Var", "sbatch_directive_value", "shq", "shq_concat"]
 _SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_.,:=%@/+\-\[\]]*$")
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def shq(value: str) -> str:
-    """Quote one value for bash (``shlex.quote``: single quotes, ``'`` escaped as ``'"'"'``)."""
-    return shlex.quote(value)
+    """Quote one value for bash.
+
+    Plain text uses ``shlex.quote`` (single quotes, ``'`` written as ``'"'"'``). A value with control
+    characters (newline, CR, ESC, ...) becomes an ANSI-C string ``$'...'`` with ``\\xHH`` escapes: still
+    a literal, but the script stays printable one-line-per-statement text (sbatch refuses ``\\r\\n``
+    and a raw ESC would drive the terminal of whoever runs ``--dry-run``).
+    """
+    if not _CONTROL.search(value):
+        return shlex.quote(value)
+    out = []
+    for ch in value:
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif _CONTROL.match(ch):
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "$'" + "".join(out) + "'"
 
 
 @dataclass(frozen=True)

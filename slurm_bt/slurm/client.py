@@ -31,6 +31,14 @@ from slurm_bt.slurm.sacct import (
     parse_sacct,
     parse_squeue,
 )
+from slurm_bt.slurm.usage import (
+    SACCT_USAGE_FIELDS,
+    SSTAT_FIELDS,
+    UsageRows,
+    build_sacct_usage_argv,
+    build_sstat_argv,
+    parse_usage,
+)
 
 __all__ = ["QUERY_ENV", "SlurmClient"]
 
@@ -155,10 +163,58 @@ class SlurmClient:
         rows = parse_sacct(result.stdout, SACCT_FIELDS, delimiter=SACCT_DELIMITER)
         self._note(rows, "sacct")
         out: list[SacctRow] = list(rows)
-        missing = [j for j in ids if not any(_covers(j, r.job_id) for r in rows)]
+        # Index by base id: matching every asked id against every row is quadratic (1000 jobs: 1M checks).
+        by_base: dict[int, list[JobId]] = {}
+        for r in rows:
+            by_base.setdefault(r.job_id.base, []).append(r.job_id)
+        missing = [j for j in ids if not any(_covers(j, got) for got in by_base.get(j.base, ()))]
         if missing and squeue_fallback:
             out.extend(self._squeue(missing))
         return out
+
+    def live(self, job_ids: Iterable[str | int | JobId]) -> list[SacctRow]:
+        """What slurmctld alone knows about ``job_ids`` (``squeue --states=all``), no slurmdbd.
+
+        Used when sacct fails (slurmdbd down): running and pending jobs, and jobs that finished
+        less than ``MinJobAge`` ago, are still answered. Failures become :attr:`last_warnings`.
+        """
+        ids = [j if isinstance(j, JobId) else parse_job_id(str(j)) for j in job_ids]
+        self.last_warnings = []
+        return self._squeue(ids) if ids else []
+
+    def usage(self, job_ids: Iterable[str | int | JobId], *, retries: int = 1) -> UsageRows:
+        """Step usage (CPU time, peak memory, TRES) of finished and running steps, one sacct call.
+
+        Raises:
+            SlurmCommandError: sacct failed ``retries + 1`` times.
+        """
+        ids = [j if isinstance(j, JobId) else parse_job_id(str(j)) for j in job_ids]
+        self.last_warnings = []
+        argv = build_sacct_usage_argv(ids, delimiter=SACCT_DELIMITER)
+        result = self._run_with_retries(argv, retries, 1.0)
+        rows = parse_usage(result.stdout, SACCT_USAGE_FIELDS, source="sacct", delimiter=SACCT_DELIMITER)
+        if rows.skipped:
+            self.last_warnings.append(f"sacct: skipped {rows.skipped} unreadable row(s): {rows.warnings[:3]}")
+        return rows
+
+    def live_usage(self, job_ids: Iterable[str | int | JobId]) -> UsageRows:
+        """Live usage of running steps from ``sstat`` (asks the slurmds through slurmctld).
+
+        Slurm answers only for the caller's own jobs (or root); any refusal or a job that runs no
+        step yet is an empty answer plus a warning, never an exception.
+        """
+        ids = [j if isinstance(j, JobId) else parse_job_id(str(j)) for j in job_ids]
+        argv = build_sstat_argv(ids, delimiter=SACCT_DELIMITER)
+        try:
+            result = self._run(argv, env_overrides=QUERY_ENV)
+        except SlurmCommandError as exc:
+            self.last_warnings.append(f"sstat failed: {exc}")
+            return UsageRows()
+        rows = parse_usage(result.stdout, SSTAT_FIELDS, source="sstat", delimiter=SACCT_DELIMITER)
+        if not result.ok and not rows:
+            lines = result.stderr.strip().splitlines()
+            self.last_warnings.append(f"sstat: {lines[-1][:200] if lines else 'no answer'}")
+        return rows
 
     def cancel(self, job_id: str | int | JobId, *, signal: str | None = None) -> None:
         """``scancel`` one job (or send ``signal``, e.g. ``"USR2"``).
@@ -246,7 +302,7 @@ class SlurmClient:
 
     def _squeue(self, ids: Sequence[JobId]) -> list[SacctRow]:
         # Ask about each job without its step: squeue knows allocations, not sacct's step rows.
-        argv = build_squeue_argv(sorted({j.job for j in ids}, key=str), fmt=SQUEUE_FORMAT)
+        argv = build_squeue_argv(sorted({j.job for j in ids}, key=str), fmt=SQUEUE_FORMAT, all_states=True)
         try:
             result = self._run(argv, env_overrides=QUERY_ENV)
         except SlurmCommandError as exc:

@@ -241,14 +241,20 @@ def build_sacct_argv(
     return argv
 
 
-def build_squeue_argv(job_ids: Iterable[str | int | JobId], *, fmt: str = SQUEUE_FORMAT) -> list[str]:
+def build_squeue_argv(
+    job_ids: Iterable[str | int | JobId], *, fmt: str = SQUEUE_FORMAT, all_states: bool = False
+) -> list[str]:
     """``squeue -h -o FMT --jobs=...`` for the live-job fallback.
 
     Note: 22.05 ``squeue --jobs=<one unknown id>`` exits 1 ("Invalid job id specified"), while a
-    list with at least one known id exits 0 and omits the unknown ones.
+    list with at least one known id exits 0 and omits the unknown ones. Without ``--states=all``
+    (``all_states``) squeue hides jobs that already finished but are still held by slurmctld
+    (``MinJobAge``), which is exactly what a status needs when slurmdbd is down.
     """
     ids = [str(j) if isinstance(j, JobId) else str(parse_job_id(str(j))) for j in job_ids]
     argv = ["squeue", "--noheader", f"--format={fmt}"]
+    if all_states:
+        argv.append("--states=all")
     if ids:
         argv.append(f"--jobs={','.join(ids)}")
     return argv
@@ -480,7 +486,8 @@ def parse_sacct_json(data: str | bytes | Mapping[str, Any], *, include_steps: bo
             continue
         out.append(row)
         if include_steps:
-            for s_index, step in enumerate(_get(job, "steps") or []):
+            steps = _get(job, "steps")
+            for s_index, step in enumerate(steps if isinstance(steps, list) else []):
                 try:
                     step_row = _row_from_json_step(row, step)
                 except Exception:

@@ -136,10 +136,15 @@ class ClusterCache:
         dir_mode: mode for directories this process creates (existing ones are left as provisioned).
     """
 
-    def __init__(self, root: Path, *, lock_options: LockOptions | None = None, dir_mode: int = 0o755) -> None:
+    def __init__(self, root: Path, *, lock_options: LockOptions | None = None, dir_mode: int = 0o755,
+                 trusted_copy: bool = False) -> None:
         self.layout = CacheLayout(Path(root))
         self.lock_options = lock_options or LockOptions()
         self.dir_mode = dir_mode
+        #: The node tier may copy from this tier without re-hashing: only for a root-owned tier
+        #: that users cannot write (the shared tier), when the site accepts undetected storage rot
+        #: (``[weights] verify_node_copy = "team"``). Never set for team tiers.
+        self.trusted_copy = trusted_copy
 
     @classmethod
     def for_team(cls, base: Path, team: str, **kwargs: object) -> ClusterCache:
@@ -271,9 +276,25 @@ class ClusterCache:
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
 
+    def lock(self, name: str, options: LockOptions | None = None) -> contextlib.AbstractContextManager[None]:
+        """The tier's weak lock ``name`` (single-flight across stagers; correctness never needs it)."""
+        return self._lock(name, options)
+
+    def write_pin(self, key: str, manifest: Manifest) -> Path:
+        """Record that listing pin ``key`` resolved to ``manifest`` (``pins/<key>.json``, 0444).
+
+        Lets a later submit of the same pinned source find the full manifest without reading
+        data; readers trust a pin only if root or they themselves wrote it (``plan.lookup_pin``).
+        """
+        folder = self.root / "pins"
+        folder.mkdir(mode=self.dir_mode, exist_ok=True)
+        path = folder / f"{key}.json"
+        write_file_atomic(path, manifest.canonical_json(), mode=0o444)
+        return path
+
     @contextlib.contextmanager
-    def _lock(self, name: str) -> Iterator[None]:
-        opts = self.lock_options
+    def _lock(self, name: str, options: LockOptions | None = None) -> Iterator[None]:
+        opts = options or self.lock_options
         if not (opts.use_flock or opts.use_lockfile):
             yield
             return

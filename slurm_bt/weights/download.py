@@ -43,6 +43,7 @@ from typing import Any
 
 from slurm_bt.atomic import fsync_dir, temp_name
 from slurm_bt.errors import IntegrityError, SourceError, SourceUnavailableError, StorageError
+from slurm_bt.weights.cache_layout import _start_writeback
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.sources._retry import backoff_delay_s
 from slurm_bt.weights.sources.base import RemoteFile, Source, TransportOptions, open_source
@@ -180,6 +181,9 @@ class _Transfer:
                         if self.crc is not None:
                             self.crc.update(chunk)
                         pos += len(chunk)
+                    # Start writeback of the hashed part now, so the final fsync (durability before
+                    # publish) does not have to write the whole file at the end.
+                    _start_writeback(self.fd, start, end - start)
                     self.next_hash += 1
             finally:
                 self._hash_lock.release()

@@ -103,6 +103,8 @@ class FakeSlurm:
         node_addrs: Mapping[str, str] | None = None,
     ) -> None:
         self.jobs: dict[int, FakeJob] = {}
+        #: ids released with ``scontrol release`` (held weights-staging jobs).
+        self.released: list[int] = []
         self.calls: list[RecordedCall] = []
         self.next_id = first_job_id
         self.cluster = cluster
@@ -291,7 +293,8 @@ class FakeSlurm:
         opts = _options(call.argv[1:])
         fmt = opts.get("format", "%i|%T|%r|%N|%k")
         wanted = _wanted_ids(opts.get("jobs", ""))
-        live = [j for j in self.jobs.values() if j.state not in _TERMINAL]
+        # Like 22.05: finished jobs stay visible to ``--states=all`` until MinJobAge (here: forever).
+        live = [j for j in self.jobs.values() if opts.get("states") == "all" or j.state not in _TERMINAL]
         if wanted is not None:
             known = [j for j in live if j.job_id in wanted]
             if not known and len(wanted) == 1:
@@ -330,6 +333,9 @@ class FakeSlurm:
             )
         if words[:1] == ["requeue"] and len(words) == 2 and words[1].isdigit() and int(words[1]) in self.jobs:
             self.requeue(words[1])
+            return CommandResult(call.argv, 0, "", "")
+        if words[:1] == ["release"] and len(words) == 2 and words[1].isdigit() and int(words[1]) in self.jobs:
+            self.released.append(int(words[1]))
             return CommandResult(call.argv, 0, "", "")
         if words[:2] == ["show", "job"] and len(words) == 3 and words[2].isdigit():
             job = self.jobs.get(int(words[2]))

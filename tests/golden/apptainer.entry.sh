@@ -8,8 +8,10 @@ if [ "${1:-}" != --in-container ]; then
     echo "slurm-bt: $bt_env is missing: the prepare step did not finish on $(hostname)" >&2
     exit 1
   fi
-  while IFS= read -r -d '' bt_kv; do export "$bt_kv"; done < "$bt_env"
-  rm -f -- "$bt_env"
+  # Unlink first, then read from the open descriptor: the file is gone whatever it holds.
+  exec 3< "$bt_env" && rm -f -- "$bt_env" || exit 1
+  while IFS= read -r -d '' bt_kv <&3; do export "$bt_kv"; done
+  exec 3<&-
   unset bt_env bt_kv
 fi
 if [ "${1:-}" != --in-container ]; then
@@ -17,7 +19,7 @@ if [ "${1:-}" != --in-container ]; then
 fi
 unset APPTAINER_DOCKER_USERNAME APPTAINER_DOCKER_PASSWORD
 cd -- /b10/workspace || exit 1
-set +u  # start commands run with ordinary shell semantics
+set +u +o pipefail  # start commands run with ordinary shell semantics
 bt_commands=(
   'python train.py'
 )

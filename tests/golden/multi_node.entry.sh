@@ -8,12 +8,14 @@ if [ "${1:-}" != --in-container ]; then
     echo "slurm-bt: $bt_env is missing: the prepare step did not finish on $(hostname)" >&2
     exit 1
   fi
-  while IFS= read -r -d '' bt_kv; do export "$bt_kv"; done < "$bt_env"
-  rm -f -- "$bt_env"
+  # Unlink first, then read from the open descriptor: the file is gone whatever it holds.
+  exec 3< "$bt_env" && rm -f -- "$bt_env" || exit 1
+  while IFS= read -r -d '' bt_kv <&3; do export "$bt_kv"; done
+  exec 3<&-
   unset bt_env bt_kv
 fi
 cd -- /b10/workspace || exit 1
-set +u  # start commands run with ordinary shell semantics
+set +u +o pipefail  # start commands run with ordinary shell semantics
 bt_commands=(
   'pip install -r requirements.txt'
   'torchrun --nnodes=$BT_GROUP_SIZE --node-rank=$BT_NODE_RANK --nproc-per-node=$BT_NUM_GPUS --master-addr=$BT_LEADER_ADDR --master-port=$MASTER_PORT train.py'

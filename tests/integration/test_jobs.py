@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -194,6 +195,11 @@ def test_secret_reaches_the_job_and_nothing_else(dev_cluster: dict[str, object],
     assert logs.count(f"SHA {digest}") == 2, logs  # both nodes saw the value
 
     # The canary scan: everything Slurm shows or stored, our files, the logs, the runtime dir.
+    for _ in range(60):  # slurmdbd stores the script asynchronously after the job starts
+        stored = subprocess.run(["sacct", "-j", job_id, "--batch-script"], capture_output=True, text=True).stdout
+        if "#SBATCH" in stored:
+            break
+        time.sleep(0.5)
     places = {
         "scontrol": subprocess.run(["scontrol", "show", "job", "-dd", job_id], capture_output=True, text=True).stdout,
         "sacct": subprocess.run(["sacct", "-j", job_id, "-P", "--format=ALL"], capture_output=True, text=True).stdout,
@@ -219,11 +225,15 @@ def test_secret_reaches_the_job_and_nothing_else(dev_cluster: dict[str, object],
 
 
 def test_quickstart_example(dev_cluster: dict[str, object]) -> None:
-    _, logs = submit_and_wait(REPO / "examples" / "quickstart" / "config.py")
+    job_id, logs = submit_and_wait(REPO / "examples" / "quickstart" / "config.py")
     assert "rank 0/2 step 200" in logs and "rank 1/2 step 200" in logs
     m = re.search(r"rank 0 wrote checkpoint (\S+)", logs)
     assert m, logs
-    ckpt = json.loads(Path(m.group(1)).read_text())
+    local = Path(m.group(1))
+    # The epilog removes scratch once the checkpoint flush confirmed the upload: read the stored copy.
+    stored = (Path(str(dev_cluster["shared_dir"])) / "checkpoints" / "quickstart" / job_id / "rank-0"
+              / local.parent.name / local.name)
+    ckpt = json.loads((local if local.exists() else stored).read_text())
     assert abs(ckpt["w"] - 3.0) < 0.05 and abs(ckpt["b"] - 2.0) < 0.05
 
 

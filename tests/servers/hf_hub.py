@@ -89,7 +89,7 @@ class FakeHub:
         self.requests: list[tuple[str, str, str | None]] = []
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self._sha_cache: dict[int, str] = {}
+        self._sha_cache: dict[int, tuple[bytes, str]] = {}
 
     # -- state -------------------------------------------------------------------------------
 
@@ -135,11 +135,31 @@ class FakeHub:
             return f
 
     def sha256_of(self, data: bytes) -> str:
-        """sha256 hex (memoised by object identity: the big files are hashed once)."""
+        """sha256 hex (memoised by object identity: the big files are hashed once).
+
+        The cache keeps a reference to ``data``: otherwise a freed object's id could be reused by
+        new bytes (e.g. after :meth:`delete_repo`) and answer a stale hash.
+        """
         key = id(data)
-        if key not in self._sha_cache:
-            self._sha_cache[key] = hashlib.sha256(data).hexdigest()
-        return self._sha_cache[key]
+        cached = self._sha_cache.get(key)
+        if cached is None or cached[0] is not data:
+            cached = (data, hashlib.sha256(data).hexdigest())
+            self._sha_cache[key] = cached
+        return cached[1]
+
+    def blob_oid_of(self, data: bytes) -> str:
+        """git blob sha1 (memoised like :meth:`sha256_of`: listings must not re-hash big files)."""
+        key = -id(data)
+        cached = self._sha_cache.get(key)
+        if cached is None or cached[0] is not data:
+            cached = (data, git_blob_oid(data))
+            self._sha_cache[key] = cached
+        return cached[1]
+
+    def delete_repo(self, repo_id: str) -> None:
+        """Remove a repository: every later request for it answers 404 (a source vanishing after submit)."""
+        with self._lock:
+            self._repos.pop(repo_id.lower(), None)
 
     # -- server ------------------------------------------------------------------------------
 
@@ -184,6 +204,7 @@ class FakeHub:
 class _Handler(BaseHTTPRequestHandler):
     hub: FakeHub
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go in separate writes: no 40 ms delayed-ACK stalls
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -272,7 +293,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _entry(self, path: str, data: bytes) -> dict[str, object]:
-        entry: dict[str, object] = {"type": "file", "path": path, "size": len(data), "oid": git_blob_oid(data)}
+        entry: dict[str, object] = {"type": "file", "path": path, "size": len(data), "oid": self.hub.blob_oid_of(data)}
         if is_lfs(path, data):
             entry["lfs"] = {"oid": self.hub.sha256_of(data), "size": len(data), "pointerSize": 134}
         return entry
@@ -285,7 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
         files = repo.commits[commit]
         siblings = []
         for path, data in sorted(files.items()):
-            sib: dict[str, object] = {"rfilename": path, "size": len(data), "blobId": git_blob_oid(data)}
+            sib: dict[str, object] = {"rfilename": path, "size": len(data), "blobId": self.hub.blob_oid_of(data)}
             if is_lfs(path, data):
                 sib["lfs"] = {"sha256": self.hub.sha256_of(data), "size": len(data), "pointerSize": 134}
             siblings.append(sib)
@@ -327,7 +348,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         size = len(data)
         lfs = is_lfs(path, data)
-        etag = self.hub.sha256_of(data) if lfs else git_blob_oid(data)
+        etag = self.hub.sha256_of(data) if lfs else self.hub.blob_oid_of(data)
         headers = {"X-Repo-Commit": commit, "ETag": f'"{etag}"', "Accept-Ranges": "bytes"}
         if lfs:
             headers["X-Linked-Etag"] = f'"{etag}"'

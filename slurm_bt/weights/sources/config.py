@@ -56,6 +56,10 @@ class SourceEndpoints(BaseModel):
             ``response_checksum_validation`` to ``when_required`` (S3-alikes that send whole-object
             checksums on ranged replies or reject the aws-chunked CRC trailer). We verify sha256
             ourselves either way (threats R6).
+        s3_data_plane: how S3/R2 object bytes are read. ``presigned`` (default): boto3 presigns each
+            GET (SigV4 query string, no network call) and the bytes go through the same urllib3
+            range engine as HF and GCS, which measured faster than botocore's response stream
+            (bench/results/weights.md); ``boto3``: ``GetObject`` through botocore.
         r2_endpoint_template: R2 S3 endpoint; ``{account_id}`` is replaced (a template without
             it names one endpoint for every account: a gateway, or the test server).
         r2_checksum_when_required: the same switch for R2, on by default: R2 has rejected SDK
@@ -70,6 +74,7 @@ class SourceEndpoints(BaseModel):
     s3_region: str = "us-east-1"
     s3_addressing_style: Literal["auto", "path", "virtual"] = "auto"
     s3_checksum_when_required: bool = False
+    s3_data_plane: Literal["presigned", "boto3"] = "presigned"
     r2_endpoint_template: str = "https://{account_id}.r2.cloudflarestorage.com"
     r2_checksum_when_required: bool = True
     gcs_endpoint: str = "https://storage.googleapis.com"

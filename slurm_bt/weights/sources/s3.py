@@ -20,7 +20,7 @@ from typing import Any
 from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError, SourceUnavailableError
 from slurm_bt.weights.manifest import ManifestFile
 from slurm_bt.weights.sources._retry import retry_transient
-from slurm_bt.weights.sources.base import Listing, RemoteFile, TransportOptions
+from slurm_bt.weights.sources.base import Listing, RangeStream, RemoteFile, TransportOptions
 from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 from slurm_bt.weights.sources.uri import SourceUri
 
@@ -125,6 +125,11 @@ class S3Source:
         data_cfg = Config(**common, retries={"mode": "standard", "max_attempts": 1})
         self._meta = session.client("s3", endpoint_url=endpoint, config=meta_cfg)
         self._data = session.client("s3", endpoint_url=endpoint, config=data_cfg)
+        self._pool: Any = None
+        if endpoints.s3_data_plane == "presigned":
+            from slurm_bt.weights.sources._http import make_pool
+
+            self._pool = make_pool(options.connect_timeout_s, options.read_timeout_s, options.max_connections)
 
     def _map_error(self, exc: Exception, *, file: str | None = None, offset: int | None = None) -> SourceError:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -206,8 +211,10 @@ class S3Source:
             self.uri = SourceUri(self.uri.kind, self.uri.container, parent, account=self.uri.account)
         return Listing(self.uri, listing_digest(files), tuple(files))
 
-    def open_range(self, file: ManifestFile, start: int, end: int | None) -> _BotoStream:
+    def open_range(self, file: ManifestFile, start: int, end: int | None) -> RangeStream:
         """Ranged GetObject pinned with ``IfMatch`` to the listed ETag."""
+        if self._pool is not None:
+            return self._open_presigned(file, start, end)
         kwargs: dict[str, Any] = {"Bucket": self.uri.container, "Key": self.uri.key_for(file.path)}
         if start > 0 or end is not None:
             kwargs["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
@@ -220,8 +227,27 @@ class S3Source:
         partial = "ContentRange" in resp
         return _BotoStream(resp["Body"], partial, self.uri.canonical, file.path, start)
 
+    def _open_presigned(self, file: ManifestFile, start: int, end: int | None) -> RangeStream:
+        """The same GET as a presigned URL read by the shared urllib3 range engine.
+
+        Presigning is local computation (SigV4 over the query string; ``Range`` and ``If-Match``
+        travel as ordinary, unsigned headers, which S3 allows), so the data plane avoids botocore's
+        per-read overhead while keeping the ETag pin (412 if the object changed).
+        """
+        from slurm_bt.weights.sources._http import open_http_range
+
+        url = self._data.generate_presigned_url(
+            "get_object", Params={"Bucket": self.uri.container, "Key": self.uri.key_for(file.path)}, ExpiresIn=3600)
+        headers = {"Accept-Encoding": "identity"}
+        if file.etag:
+            headers["If-Match"] = file.etag
+        return open_http_range(self._pool, url, uri=self.uri.canonical, file=file.path, start=start, end=end,
+                               headers=headers)
+
     def close(self) -> None:
         """Close the clients' connection pools."""
+        if self._pool is not None:
+            self._pool.clear()
         for client in (self._meta, self._data):
             try:
                 client.close()

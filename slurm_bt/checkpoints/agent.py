@@ -1,0 +1,128 @@
+"""The background checkpoint uploader: one per node, as the job user, alongside the start commands.
+
+The batch script starts it as an overlapping ``srun`` step on every node after step 1 (prepare) and
+before step 2 (the start commands); when step 2 has ended on every node (or failed) the script
+creates ``<job_dir>/checkpoints.finish.<job_id>`` on the shared workspace and waits for it. Each node
+then makes its final pass (every checkpoint is complete now: the same pass the epilog's
+:func:`~slurm_bt.checkpoints.flush.flush_job_checkpoints` makes) and exits.
+
+Why a separate step and not a background process of the entry script: with pyxis the entry script
+runs inside the container, which has neither slurm-bt nor the host paths; an ``srun --overlap``
+step runs on the host for every container runtime.
+
+Usage: ``python -I -m slurm_bt.checkpoints.agent JOB_JSON``. Tunables (environment, e.g. via the
+config's ``environment_variables``): ``BT_CHECKPOINT_POLL_S`` (default 5), ``BT_CHECKPOINT_QUIET_S``
+(default 120, see :mod:`.scan`), ``BT_CHECKPOINT_FINAL_FLUSH_S`` (default 86400).
+Exit status: 0 when everything was uploaded, 1 otherwise (the job itself is not failed by it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from slurm_bt.checkpoints.flush import build_uploader, write_state
+from slurm_bt.checkpoints.layout import host_checkpoint_dir, is_shared_fs
+from slurm_bt.checkpoints.upload import DeadlineExceeded
+from slurm_bt.errors import BtError
+from slurm_bt.job_spec import JobSpec
+
+__all__ = ["finish_path", "main"]
+
+
+def finish_path(spec: JobSpec, job_id: str) -> Path:
+    """The file whose appearance tells every node's uploader that the start commands have ended."""
+    return Path(spec.context.job_dir) / f"checkpoints.finish.{job_id}"
+
+
+def _prolog_team(node: str | None, job_id: str) -> str | None:
+    """The team group the root prolog resolved for this job (docs/admin.md §Teams), if it ran."""
+    if not node:
+        return None
+    try:
+        from slurm_bt.hooks.status import read_hook_state
+
+        record = read_hook_state(node, job_id).record or {}
+    except (ImportError, OSError, ValueError):
+        return None
+    team = record.get("team")
+    return team if isinstance(team, str) and team else None
+
+
+def _log(message: str) -> None:
+    print(f"slurm-bt checkpoints [{os.environ.get('SLURMD_NODENAME', '?')}]: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the uploader until the finish file appears, then flush."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m slurm_bt.checkpoints.agent JOB_JSON", file=sys.stderr)
+        return 2
+    stop = {"term": False}
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        stop["term"] = True  # job cancelled or out of time: the epilog's flush takes over
+
+    signal.signal(signal.SIGTERM, on_term)
+    env = os.environ
+    try:
+        spec = JobSpec.model_validate_json(Path(args[0]).read_bytes())
+        job_id, node = env["SLURM_JOB_ID"], env.get("SLURMD_NODENAME")
+        rank = int(env.get("SLURM_NODEID", "0"))
+        host = host_checkpoint_dir(spec, job_id, node)
+        if host is None:
+            return 0
+        ckpt_dir = Path(host)
+        ckpt_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if rank != 0 and spec.nodes > 1 and is_shared_fs(ckpt_dir):
+            _log(f"{ckpt_dir} is on a shared filesystem: rank 0 uploads it for every node")
+            return 0
+        write_state(ckpt_dir, spec_path=args[0], job_id=job_id, rank=rank, node=node)
+        uploader = build_uploader(spec, job_id=job_id, rank=rank, checkpoint_dir=ckpt_dir,
+                                  account=_prolog_team(node, job_id) or env.get("SLURM_JOB_ACCOUNT"))
+    except (BtError, OSError, ValueError, KeyError) as exc:
+        _log(f"cannot start: {exc}")
+        return 1
+    poll_s = float(env.get("BT_CHECKPOINT_POLL_S", "5"))
+    finish = finish_path(spec, job_id)
+    _log(f"watching {ckpt_dir} -> {uploader.store.uri.display()} (rank {rank})")
+    failures = 0
+    try:
+        while not stop["term"] and not finish.exists():
+            try:
+                uploader.run_once(final=False)
+                failures = 0
+            except (BtError, OSError) as exc:
+                failures += 1
+                _log(f"upload failed (attempt {failures}; will retry): {exc}")
+            end = time.monotonic() + min(poll_s * (2 ** min(failures, 5)), 300)
+            while time.monotonic() < end and not stop["term"] and not finish.exists():
+                time.sleep(min(0.5, poll_s))
+    except BaseException:
+        uploader.store.close()
+        raise
+    if stop["term"]:
+        uploader.store.close()
+        _log("stopped (SIGTERM); the epilog flushes what is left")
+        return 1
+    # The final flush: the same pass the epilog's flush_job_checkpoints makes, with every checkpoint
+    # now complete ("final": the start commands have ended on every node).
+    budget = float(env.get("BT_CHECKPOINT_FINAL_FLUSH_S", "86400"))
+    try:
+        done = uploader.run_once(final=True, deadline=time.monotonic() + budget)
+    except (BtError, OSError, DeadlineExceeded) as exc:
+        _log(f"final flush incomplete ({type(exc).__name__}: {exc}); the epilog retries")
+        return 1
+    finally:
+        uploader.store.close()
+    _log(f"final flush: done ({len(done)} more checkpoint(s))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

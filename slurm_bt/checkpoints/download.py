@@ -1,0 +1,87 @@
+"""Download the checkpoints pinned at submit into ``BT_LOAD_CHECKPOINT_DIR``, on every node, as the user.
+
+Runs in step 1 (:mod:`slurm_bt.node.prepare`), before the start commands. The layout follows
+upstream's: ``<download_folder>/rank-<n>/<checkpoint_name>/<files>``, so a single-node checkpoint is
+in ``rank-0/``. Every node gets every rank of each loaded checkpoint (a resume may change the
+node count, and loaders pick their shards themselves).
+
+Each file goes to a unique temp name, is sha256-verified against the pinned manifest, fsynced and
+renamed; a ``.slurm-bt-verified`` file written last makes a requeued job skip the work. Paths from
+the manifest are re-checked here (a teammate's index must not write outside the folder).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from slurm_bt.atomic import write_file_atomic
+from slurm_bt.checkpoints.layout import file_key, valid_checkpoint_name
+from slurm_bt.checkpoints.resolve import open_user_store, safe_relpath
+from slurm_bt.errors import StorageError
+from slurm_bt.job_spec import JobSpec
+from slurm_bt.node.layout import job_layout
+
+__all__ = ["VERIFIED_NAME", "download_pinned", "host_load_dir"]
+
+VERIFIED_NAME = ".slurm-bt-verified"
+
+
+def host_load_dir(spec: JobSpec, job_id: str, node: str | None) -> Path | None:
+    """The host path behind ``BT_LOAD_CHECKPOINT_DIR`` (the bind source inside containers)."""
+    if not spec.load_checkpoint.enabled:
+        return None
+    layout = job_layout(spec, job_id=job_id, node=node)
+    value = dict(layout.env).get("BT_LOAD_CHECKPOINT_DIR")
+    if value is None:
+        return None
+    for bind in layout.binds:
+        if bind.target == value:
+            return Path(bind.source)
+    return Path(value)
+
+
+def download_pinned(spec: JobSpec, dest_root: Path) -> int:
+    """Fetch every pinned checkpoint into ``dest_root``; returns the number of files downloaded.
+
+    Raises:
+        StorageError: a reference was not resolved at submit, a path is unsafe, or a download fails
+            (IntegrityError on a sha256 mismatch; nothing is left at the final path).
+    """
+    pinned: list[dict[str, Any]] = []
+    for i, ref in enumerate(spec.load_checkpoint.checkpoints):
+        resolved = ref.get("resolved")
+        if not isinstance(resolved, dict):
+            raise StorageError(f"checkpoints[{i}]", "not resolved at submit; resubmit with this slurm-bt version")
+        pinned.append(resolved)
+    if not pinned:
+        return 0
+    count = 0
+    store = open_user_store(spec.storage)
+    try:
+        for res in pinned:
+            name = str(res["checkpoint_name"])
+            if not valid_checkpoint_name(name):
+                raise StorageError(name, "unsafe checkpoint name in the pinned manifest")
+            for rank_s, files in sorted(res["ranks"].items()):
+                target = dest_root / f"rank-{int(rank_s)}" / name
+                manifest = hashlib.sha256(json.dumps([res["job_id"], files]).encode()).hexdigest()
+                marker = target / VERIFIED_NAME
+                try:
+                    if marker.read_text().strip() == manifest:
+                        continue
+                except OSError:
+                    pass
+                for path, size, sha in files:
+                    if not safe_relpath(str(path)):
+                        raise StorageError(str(path), "unsafe path in the pinned manifest")
+                    key = file_key(str(res["project_id"]), str(res["job_id"]), int(rank_s), name, str(path))
+                    store.download_file(key, target / str(path), size=int(size), sha256=str(sha))
+                    count += 1
+                target.mkdir(parents=True, exist_ok=True)
+                write_file_atomic(marker, manifest.encode() + b"\n", mode=0o600)
+    finally:
+        store.close()
+    return count

@@ -1,0 +1,182 @@
+"""The per-job checkpoint index: what was uploaded, by which node rank, with which sha256.
+
+Why two levels: several nodes upload at once, and object stores have no cheap compare-and-swap on
+one ``index.json``. Each rank therefore owns one part, ``ranks/rank-<n>.json`` (a single writer,
+so no lost updates), and after every change rewrites ``index.json`` as the merge of all parts.
+Readers merge the parts themselves (:func:`merge_parts`), so a stale ``index.json`` written by a
+slower rank never hides a checkpoint; ``index.json`` is the convenient, documented view.
+
+A checkpoint enters a rank's part only after every one of its files was uploaded and verified, so a
+listed checkpoint is never partial on that rank. A multi-node checkpoint is *complete* when every
+rank of the job lists it (:attr:`CheckpointView.complete`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "INDEX_FORMAT",
+    "CheckpointView",
+    "FileEntry",
+    "JobIndex",
+    "RankCheckpoint",
+    "RankIndex",
+    "merge_parts",
+    "natural_key",
+    "utc_now",
+]
+
+INDEX_FORMAT = "slurm-bt-checkpoint-index/1"
+
+
+def utc_now() -> str:
+    """ISO-8601 UTC timestamp with seconds precision (what the index records)."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def natural_key(name: str) -> tuple[object, ...]:
+    """Sort ``checkpoint-9`` before ``checkpoint-10``."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class FileEntry(_Model):
+    """One uploaded file. ``path`` is relative to the checkpoint directory (``/``-separated)."""
+
+    path: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class RankCheckpoint(_Model):
+    """One checkpoint as one rank uploaded it.
+
+    Attributes:
+        name: the directory name under ``BT_CHECKPOINT_DIR``.
+        created: when the checkpoint was complete on the node (marker or last change), UTC.
+        uploaded: when its upload was verified, UTC.
+        completion: why it was considered complete: ``marker``, ``quiet`` or ``final`` (the start
+            commands had ended, so nothing could still be writing it).
+        files: every file, sorted by path.
+        source_mtime: see below.
+    """
+
+    name: str
+    created: str
+    uploaded: str
+    completion: str
+    files: tuple[FileEntry, ...]
+    source_mtime: float = 0.0
+    """Newest mtime in the node's directory when it was uploaded (lets a rerun skip it unchanged)."""
+
+    @property
+    def size(self) -> int:
+        """Total bytes."""
+        return sum(f.size for f in self.files)
+
+
+class RankIndex(_Model):
+    """``ranks/rank-<n>.json``: everything one node rank uploaded for one job."""
+
+    format: str = INDEX_FORMAT
+    project_name: str
+    project_id: str
+    job_id: str
+    user: str
+    rank: int
+    group_size: int
+    updated: str
+    checkpoints: tuple[RankCheckpoint, ...] = ()
+    uploading: tuple[RankCheckpoint, ...] = ()
+    """Checkpoints in flight: the files verified so far (lets a restart skip them; never listed)."""
+
+    def with_checkpoint(self, ckpt: RankCheckpoint) -> RankIndex:
+        """A copy with ``ckpt`` added or replaced (by name), sorted naturally."""
+        rest = [c for c in self.checkpoints if c.name != ckpt.name]
+        ordered = sorted([*rest, ckpt], key=lambda c: natural_key(c.name))
+        return self.model_copy(update={"checkpoints": tuple(ordered), "updated": utc_now()})
+
+    def get(self, name: str) -> RankCheckpoint | None:
+        """The named checkpoint, if this rank uploaded it."""
+        return next((c for c in self.checkpoints if c.name == name), None)
+
+
+class CheckpointView(_Model):
+    """One checkpoint of a job across its ranks (what ``list`` shows and ``resolve`` pins).
+
+    Attributes:
+        name: checkpoint name.
+        created: the latest ``created`` among its ranks.
+        ranks: rank → files, for every rank that uploaded it.
+        complete: every rank of the job (``group_size``) has it.
+    """
+
+    name: str
+    created: str
+    ranks: dict[int, tuple[FileEntry, ...]]
+    complete: bool
+
+    @property
+    def size(self) -> int:
+        """Total bytes over all ranks."""
+        return sum(f.size for files in self.ranks.values() for f in files)
+
+    @property
+    def file_count(self) -> int:
+        """Number of files over all ranks."""
+        return sum(len(files) for files in self.ranks.values())
+
+
+class JobIndex(_Model):
+    """``index.json``: the merged view of one job's checkpoints."""
+
+    format: str = INDEX_FORMAT
+    project_name: str
+    project_id: str
+    job_id: str
+    user: str
+    group_size: int
+    updated: str
+    checkpoints: tuple[CheckpointView, ...] = ()
+
+    def get(self, name: str) -> CheckpointView | None:
+        """The named checkpoint, or None."""
+        return next((c for c in self.checkpoints if c.name == name), None)
+
+    def latest(self) -> CheckpointView | None:
+        """The newest *complete* checkpoint (by ``created``, then natural name order)."""
+        done = [c for c in self.checkpoints if c.complete]
+        return max(done, key=lambda c: (c.created, natural_key(c.name)), default=None)
+
+
+def merge_parts(parts: Iterable[RankIndex]) -> JobIndex | None:
+    """Merge rank parts into the job's index (None when there are none)."""
+    plist = sorted(parts, key=lambda p: p.rank)
+    if not plist:
+        return None
+    first = plist[0]
+    group = max(p.group_size for p in plist)
+    by_name: dict[str, dict[int, RankCheckpoint]] = {}
+    for part in plist:
+        for ckpt in part.checkpoints:
+            by_name.setdefault(ckpt.name, {})[part.rank] = ckpt
+    views = []
+    for name in sorted(by_name, key=natural_key):
+        ranks = by_name[name]
+        views.append(CheckpointView(
+            name=name,
+            created=max(c.created for c in ranks.values()),
+            ranks={r: c.files for r, c in sorted(ranks.items())},
+            complete=set(ranks) >= set(range(group)),
+        ))
+    return JobIndex(project_name=first.project_name, project_id=first.project_id, job_id=first.job_id,
+                    user=first.user, group_size=group, updated=max(p.updated for p in plist),
+                    checkpoints=tuple(views))

@@ -1,0 +1,212 @@
+"""Names, keys and paths of the checkpoint subsystem: pure functions, no I/O.
+
+Why one module: the uploader (node), the flush (epilog), the resolver (login node) and the CLI must
+agree on where a checkpoint lives in the store and on the node, so the rules live here once.
+
+Store URI (``storage.checkpoint_store`` in the site config)::
+
+    file:///shared/checkpoints
+    s3://bucket/prefix?endpoint_url=http://127.0.0.1:8333&region=us-east-1&secret=ckpt-store
+    r2://<account_id>.<bucket>/prefix?secret=ckpt-store
+    gs://bucket/prefix?secret=ckpt-store-gcs&endpoint_url=http://127.0.0.1:4443
+
+Query options (all optional): ``endpoint_url``, ``region``, ``addressing_style`` (``path`` |
+``virtual`` | ``auto``), ``secret`` (name of the entry in each *user's* secret store that holds the
+credentials), ``service_credentials`` (root-owned JSON file, read only by root hooks),
+``part_checksum`` (``crc32c`` | ``crc32`` | ``sha256``), ``checksum_when_required`` (``1`` for
+S3-alikes that reject SDK-default checksums), ``part_size_mib``, ``concurrency``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import parse_qsl, urlsplit
+
+from slurm_bt.errors import StorageError
+from slurm_bt.job_spec import JobSpec
+from slurm_bt.node.layout import job_layout
+from slurm_bt.site_settings import expand_path
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "MARKER_NAMES",
+    "StoreUri",
+    "checkpoint_key",
+    "file_key",
+    "handoff_root",
+    "host_checkpoint_dir",
+    "index_key",
+    "is_shared_fs",
+    "job_prefix",
+    "parse_store_uri",
+    "rank_index_key",
+    "valid_checkpoint_name",
+]
+
+CHECKPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
+"""A checkpoint is a top-level directory of BT_CHECKPOINT_DIR with a name like this.
+
+Names starting with a dot (``.tmp-x``, ``.staging``) are never checkpoints: that is where trainers
+and copy tools keep work in progress.
+"""
+
+MARKER_NAMES = (".complete", "COMPLETE")
+"""Files whose presence at the top of a checkpoint directory declares it complete (never uploaded)."""
+
+_OPTION_KEYS = {"endpoint_url", "region", "addressing_style", "secret", "service_credentials",
+                "part_checksum", "checksum_when_required", "part_size_mib", "concurrency"}
+_IN_PROGRESS = re.compile(r"(^tmp[-_.]|[-_.](tmp|partial|inprogress|incomplete)$)", re.IGNORECASE)
+
+
+def valid_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` can be a checkpoint (also rejects obvious in-progress names like ``tmp-*``)."""
+    return bool(CHECKPOINT_NAME.fullmatch(name)) and not _IN_PROGRESS.search(name) and ".." not in name
+
+
+@dataclass(frozen=True)
+class StoreUri:
+    """A parsed checkpoint-store URI.
+
+    Attributes:
+        scheme: ``file``, ``s3``, ``r2`` or ``gs``.
+        bucket: bucket name (object stores) or ``""`` for ``file``.
+        prefix: key prefix without leading or trailing slash (object stores), or the absolute
+            directory for ``file``.
+        account: R2 account id (``r2://<account>.<bucket>``), else ``None``.
+        options: the query options (see the module docstring).
+    """
+
+    scheme: Literal["file", "s3", "r2", "gs"]
+    bucket: str
+    prefix: str
+    account: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
+
+    def display(self) -> str:
+        """The URI without query options (they may name secrets or files; never shown to users)."""
+        if self.scheme == "file":
+            return f"file://{self.prefix}"
+        host = f"{self.account}.{self.bucket}" if self.account else self.bucket
+        return f"{self.scheme}://{host}/{self.prefix}".rstrip("/")
+
+    def key(self, *parts: str) -> str:
+        """Join ``parts`` under the prefix (object stores) or the root directory (``file``)."""
+        joined = "/".join(p.strip("/") for p in parts if p)
+        if self.scheme == "file":
+            return f"{self.prefix.rstrip('/')}/{joined}" if joined else self.prefix
+        return f"{self.prefix}/{joined}" if self.prefix else joined
+
+
+def parse_store_uri(uri: str) -> StoreUri:
+    """Parse ``storage.checkpoint_store``.
+
+    Raises:
+        StorageError: unknown scheme or option, relative ``file`` path, ``..`` anywhere.
+    """
+    parts = urlsplit(uri)
+    scheme = parts.scheme
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(options) - _OPTION_KEYS)
+    if unknown:
+        raise StorageError(uri.split("?")[0], f"unknown checkpoint store option(s): {', '.join(unknown)}")
+    path = parts.path
+    if ".." in path.split("/"):
+        raise StorageError(uri.split("?")[0], "checkpoint store path must not contain '..'")
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost") or not path.startswith("/"):
+            raise StorageError(uri, "file:// checkpoint store must be an absolute path (file:///dir)")
+        return StoreUri("file", "", path.rstrip("/") or "/", None, options)
+    if scheme not in ("s3", "r2", "gs") or not parts.netloc:
+        raise StorageError(uri.split("?")[0], "checkpoint store must be file://, s3://, r2:// or gs:// with a bucket")
+    bucket, account = parts.netloc, None
+    if scheme == "r2":
+        account, dot, bucket = parts.netloc.partition(".")
+        if not dot or not account or not bucket:
+            raise StorageError(uri.split("?")[0], "r2 checkpoint store must be r2://<account_id>.<bucket>/prefix")
+    return StoreUri(scheme, bucket, path.strip("/"), account, options)  # type: ignore[arg-type]
+
+
+def job_prefix(project_id: str, job_id: str) -> str:
+    """``<project_id>/<job_id>``: everything one job stored."""
+    return f"{project_id}/{job_id}"
+
+
+def index_key(project_id: str, job_id: str) -> str:
+    """The merged per-job index."""
+    return f"{job_prefix(project_id, job_id)}/index.json"
+
+
+def rank_index_key(project_id: str, job_id: str, rank: int) -> str:
+    """One rank's authoritative index part (single writer: that rank's uploader)."""
+    return f"{job_prefix(project_id, job_id)}/ranks/rank-{rank}.json"
+
+
+def checkpoint_key(project_id: str, job_id: str, rank: int, checkpoint: str) -> str:
+    """Where one rank's copy of a checkpoint lives: mirrors ``<download_folder>/rank-<n>/<name>``."""
+    return f"{job_prefix(project_id, job_id)}/rank-{rank}/{checkpoint}"
+
+
+def file_key(project_id: str, job_id: str, rank: int, checkpoint: str, relpath: str) -> str:
+    """The object key of one file of a checkpoint."""
+    return f"{checkpoint_key(project_id, job_id, rank, checkpoint)}/{relpath}"
+
+
+def host_checkpoint_dir(spec: JobSpec, job_id: str, node: str | None) -> str | None:
+    """The host path of ``BT_CHECKPOINT_DIR`` on ``node`` (None when checkpointing is off).
+
+    Inside a container the variable names the container path; the uploader runs on the host, so the
+    bind mount that shows it is followed back to its source.
+    """
+    if not spec.checkpointing.enabled:
+        return None
+    layout = job_layout(spec, job_id=job_id, node=node)
+    value = dict(layout.env).get("BT_CHECKPOINT_DIR")
+    if value is None:
+        return None
+    for bind in layout.binds:
+        if bind.target == value:
+            return bind.source
+    return value
+
+
+def handoff_root(spec_storage: dict[str, str], node: str | None) -> str:
+    """The root-owned hand-off area on a node: a sibling of the scratch root (same filesystem).
+
+    Why a sibling: moving a checkpoint there must be a ``rename`` (O(1), no copy) and it must
+    survive scratch cleanup, so it sits next to scratch, never under it.
+    """
+    scratch_root = expand_path(spec_storage["scratch"], user="", uid=0, home="", node=node)
+    parent = scratch_root.rstrip("/").rsplit("/", 1)[0] or "/"
+    return f"{parent}/checkpoint-handoff"
+
+
+SHARED_FS_TYPES = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs", "cifs",
+                             "smb3", "smbfs", "pvfs2", "orangefs", "wekafs", "9p", "virtiofs"})
+
+
+def is_shared_fs(path: str | os.PathLike[str], mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether ``path`` lives on a network/cluster filesystem (so every node sees the same directory).
+
+    Why: a multi-node job whose ``BT_CHECKPOINT_DIR`` is shared must be uploaded once (by rank 0),
+    not once per node; a node-local one (the default: scratch) by every rank. The answer comes from
+    the filesystem type of the longest mount point containing ``path``; FUSE counts as shared.
+    """
+    real = os.path.realpath(path)
+    best, fstype = "", ""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) < 5 or not right:
+                    continue
+                mount = fields[4].replace("\\040", " ")
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, fstype = mount, right.split()[0]
+    except OSError:
+        return False
+    return fstype in SHARED_FS_TYPES or fstype.startswith("fuse")

@@ -1,0 +1,180 @@
+"""Resolve ``LoadCheckpointConfig`` at submit time and pin the result into the job spec.
+
+Why at submit: "latest" moves while jobs run. Resolving once, on the login node and as the
+submitting user (so the store's permissions decide what the user may load), turns every reference
+into an immutable manifest (job, checkpoint, and per rank the files with size and sha256) that the
+nodes download and verify. A reference that matches nothing fails the submission with exit 2 and
+names the field (``job.runtime.load_checkpoint_config.checkpoints[0]``); nothing is submitted.
+
+Reference semantics:
+
+* ``from_named_checkpoint(checkpoint_name, job_id)``: that checkpoint of that job; it must be
+  complete (every rank of the job uploaded it);
+* ``from_latest_checkpoint(job_id=J)``: J's newest complete checkpoint;
+* ``from_latest_checkpoint(project_name=P)``: the newest complete checkpoint of P's newest job that
+  has one (jobs ordered by Slurm job id, newest first), as upstream documents it;
+* both: the job, checked to belong to the project.
+
+The pinned form is the upstream dump plus a ``resolved`` key, so the spec stays readable and
+``slurm_bt.job_spec`` needs no new model.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from pathlib import Path
+from typing import Any
+
+from slurm_bt.checkpoints.index import CheckpointView, JobIndex
+from slurm_bt.checkpoints.layout import parse_store_uri, valid_checkpoint_name
+from slurm_bt.checkpoints.store import CheckpointStore, credentials_for, open_store
+from slurm_bt.checkpoints.upload import read_job_index
+from slurm_bt.errors import ConfigError, Problem, StorageError
+from slurm_bt.job_spec import JobSpec, LoadCheckpointSpec, slugify
+from slurm_bt.site_settings import expand_path
+
+__all__ = ["find_job", "open_user_store", "resolve_load_checkpoints", "safe_relpath"]
+
+LOC = "job.runtime.load_checkpoint_config.checkpoints"
+
+
+def safe_relpath(path: str) -> bool:
+    """A store-relative file path that cannot escape the download folder."""
+    parts = path.split("/")
+    return bool(path) and not path.startswith("/") and "\0" not in path and all(
+        p not in ("", ".", "..") for p in parts)
+
+
+def open_user_store(storage: dict[str, str]) -> CheckpointStore:
+    """The checkpoint store opened with the *current user's* credentials."""
+    uri = parse_store_uri(storage["checkpoint_store"])
+    pw = pwd.getpwuid(os.getuid())
+    secrets = expand_path(storage["secrets"], user=pw.pw_name, uid=pw.pw_uid, home=pw.pw_dir)
+    return open_store(uri, credentials=credentials_for(uri, secrets))
+
+
+def find_job(store: CheckpointStore, job_id: str, *, project_id: str | None = None,
+             workspace: str | None = None) -> JobIndex | None:
+    """A job's index, searching the given project, the user's own submission record, then all projects."""
+    if project_id is not None:
+        return read_job_index(store, project_id, job_id)
+    if workspace is not None:
+        from slurm_bt.records import read_record
+
+        record = read_record(Path(workspace), job_id)
+        if record is not None:
+            found = read_job_index(store, record.project_id, job_id)
+            if found is not None:
+                return found
+    for project in store.list_dirs(""):
+        found = read_job_index(store, project, job_id)
+        if found is not None:
+            return found
+    return None
+
+
+def _job_sort_key(job_id: str) -> tuple[int, str]:
+    head = job_id.split("_")[0].split("+")[0]
+    return (int(head) if head.isdigit() else -1, job_id)
+
+
+def _pin(index: JobIndex, view: CheckpointView) -> dict[str, Any]:
+    return {
+        "project_id": index.project_id,
+        "project_name": index.project_name,
+        "job_id": index.job_id,
+        "checkpoint_name": view.name,
+        "created": view.created,
+        "ranks": {str(rank): [[f.path, f.size, f.sha256] for f in files] for rank, files in view.ranks.items()},
+    }
+
+
+def _resolve_one(store: CheckpointStore, ref: dict[str, Any], workspace: str | None) -> tuple[JobIndex, CheckpointView]:
+    typ = ref.get("typ")
+    where = store.uri.display()
+    if typ == "loops_checkpoint":
+        raise LookupError("Loops checkpoints are not available on Slurm clusters")
+    if typ == "baseten_named_checkpoint":
+        job_id, name = str(ref.get("job_id")), str(ref.get("checkpoint_name"))
+        index = find_job(store, job_id, workspace=workspace)
+        if index is None:
+            raise LookupError(f"job {job_id!r} has no checkpoints in {where} (or they are not readable by you)")
+        view = index.get(name)
+        if view is None:
+            names = ", ".join(c.name for c in index.checkpoints[-5:]) or "none"
+            raise LookupError(f"job {job_id!r} has no checkpoint named {name!r} (latest: {names})")
+        if not view.complete:
+            raise LookupError(f"checkpoint {name!r} of job {job_id!r} is not complete on every node "
+                              f"(ranks {sorted(view.ranks)} of {index.group_size})")
+        return index, view
+    latest_job, project_name = ref.get("job_id"), ref.get("project_name")
+    project_id = slugify(str(project_name), default="project") if project_name else None
+    if latest_job:
+        index = find_job(store, str(latest_job), project_id=project_id, workspace=workspace)
+        if index is None:
+            scope = f" in project {project_name!r}" if project_name else ""
+            raise LookupError(f"job {str(latest_job)!r}{scope} has no checkpoints in {where} "
+                              "(or they are not readable by you)")
+        latest = index.latest()
+        if latest is None:
+            raise LookupError(f"job {str(latest_job)!r} has no complete checkpoint yet")
+        return index, latest
+    if project_id is None:
+        raise LookupError("from_latest_checkpoint needs project_name or job_id")
+    jobs = sorted(store.list_dirs(project_id), key=_job_sort_key, reverse=True)
+    if not jobs:
+        raise LookupError(f"project {project_name!r} has no checkpoints in {where} (or they are not readable by you)")
+    for job in jobs:
+        index = read_job_index(store, project_id, job)
+        if index is not None and (latest := index.latest()) is not None:
+            return index, latest
+    raise LookupError(f"no job of project {project_name!r} has a complete checkpoint yet")
+
+
+def resolve_load_checkpoints(spec: JobSpec, *, workspace: str | None = None,
+                             store: CheckpointStore | None = None) -> JobSpec:
+    """Pin every checkpoint reference of ``spec`` (a new spec; unchanged when loading is off).
+
+    Raises:
+        ConfigError: a reference matches nothing, is not complete, is a Loops checkpoint, or two
+            references would download to the same folder; every problem, each with its field path.
+        StorageError: the store cannot be reached or read.
+    """
+    load = spec.load_checkpoint
+    if not load.enabled or not load.checkpoints:
+        return spec
+    own = store is None
+    store = store or open_user_store(spec.storage)
+    problems: list[Problem] = []
+    pinned: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    try:
+        for i, ref in enumerate(load.checkpoints):
+            loc = f"{LOC}[{i}]"
+            try:
+                index, view = _resolve_one(store, dict(ref), workspace)
+            except LookupError as exc:
+                problems.append(Problem(loc, str(exc)))
+                continue
+            bad = [f.path for files in view.ranks.values() for f in files if not safe_relpath(f.path)]
+            if bad or not valid_checkpoint_name(view.name):
+                problems.append(Problem(loc, f"checkpoint {view.name!r} of job {index.job_id} has unsafe paths "
+                                        "in its index; refusing to load it"))
+                continue
+            if view.name in seen:
+                problems.append(Problem(loc, f"checkpoint name {view.name!r} is also loaded by checkpoints"
+                                        f"[{seen[view.name]}]; both would land in "
+                                        f"<download_folder>/rank-N/{view.name}"))
+                continue
+            seen[view.name] = i
+            pinned.append({**ref, "resolved": _pin(index, view)})
+    except StorageError:
+        raise
+    finally:
+        if own:
+            store.close()
+    if problems:
+        raise ConfigError(spec.context.source, problems)
+    new_load = LoadCheckpointSpec(enabled=True, download_folder=load.download_folder, checkpoints=tuple(pinned))
+    return spec.model_copy(update={"load_checkpoint": new_load})

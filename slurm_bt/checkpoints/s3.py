@@ -1,0 +1,391 @@
+"""S3 and R2 checkpoint stores: parallel multipart uploads with per-part checksums, verified after.
+
+Why not ``boto3.upload_file``: its defaults (8 MiB parts, 10 threads, the SDK's own checksum and,
+over plain http, a SigV4 sha256 of every part) spend the CPU of a two-core node on work we do anyway
+and give no sha256 of the whole file. Here each file is read once, in order, by the calling thread:
+
+* each part is ``pread`` into memory, its CRC32C (or the store's configured ``part_checksum``) is
+  computed, and the part goes to a shared thread pool that sends it with that checksum in the
+  header, so the server rejects a part corrupted in flight (F16);
+* the same bytes feed the file's sha256 (recorded in the index) while earlier parts are on the
+  wire, so hashing is pipelined with the network;
+* after ``CompleteMultipartUpload`` a ``HeadObject(ChecksumMode=ENABLED)`` must return the size and
+  the composite checksum we expect (``base64(crc32c(part digests))-N``); a multipart ETag is never
+  read as an MD5 (threats-and-faults.md §5).
+
+Small files go in one ``PutObject`` with ``ChecksumSHA256`` = our sha256, so the server itself
+verifies the digest we record. Resumability: before a multipart upload, incomplete uploads of the
+same key left by a killed uploader are aborted (F15); a rerun whose object already has the expected
+size and checksum is skipped. Payload signing is off (the per-part checksums protect the bytes).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import threading
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from slurm_bt.atomic import fsync_dir, temp_name
+from slurm_bt.checkpoints.layout import StoreUri
+from slurm_bt.checkpoints.store import CHUNK_BYTES, StoreCredentials, UploadResult
+from slurm_bt.errors import IntegrityError, StorageError
+
+__all__ = ["S3Store", "composite_checksum", "part_checksum_function", "running_checksum"]
+
+_MiB = 1024 * 1024
+_MAX_PARTS = 10_000
+
+
+def part_checksum_function(name: str) -> Callable[[bytes], bytes]:
+    """The digest function (raw bytes) for a ``part_checksum`` name."""
+    if name == "crc32c":
+        try:
+            import google_crc32c
+
+            if google_crc32c.implementation == "c":
+                return lambda data: int(google_crc32c.value(data)).to_bytes(4, "big")
+        except ImportError:
+            pass
+        raise StorageError("crc32c", "CRC32C needs the google-crc32c C extension")
+    if name == "crc32":
+        return lambda data: zlib.crc32(data).to_bytes(4, "big")
+    if name == "sha256":
+        return lambda data: hashlib.sha256(data).digest()
+    raise StorageError(name, "part_checksum must be crc32c, crc32 or sha256")
+
+
+def running_checksum(name: str) -> Callable[[int, bytes], int]:
+    """``update(state, data) -> state`` for the whole-object (FULL_OBJECT) form of a CRC algorithm."""
+    if name == "crc32c":
+        import google_crc32c
+
+        return lambda crc, data: int(google_crc32c.extend(crc, data))
+    return lambda crc, data: zlib.crc32(data, crc)
+
+
+def composite_checksum(name: str, part_digests: list[bytes]) -> str:
+    """S3's COMPOSITE multipart checksum: ``base64(H(d1 || d2 || ...))-N`` with H = the part algorithm."""
+    fn = part_checksum_function(name)
+    return f"{base64.b64encode(fn(b''.join(part_digests))).decode()}-{len(part_digests)}"
+
+
+def _default_part_checksum(scheme: str) -> str:
+    if scheme == "r2":
+        return "sha256"  # R2 has rejected CRC headers more than once (transfer-perf.md §2)
+    try:
+        part_checksum_function("crc32c")
+        return "crc32c"
+    except StorageError:
+        return "crc32"
+
+
+class S3Store:
+    """A checkpoint store in an S3 (or R2, or S3-compatible) bucket under a prefix."""
+
+    def __init__(self, uri: StoreUri, *, credentials: StoreCredentials | None) -> None:
+        """Build the client from the URI's options; no request is made yet."""
+        import boto3
+        from botocore.config import Config
+
+        self.uri = uri
+        opts = uri.options
+        self.part_checksum = opts.get("part_checksum") or _default_part_checksum(uri.scheme)
+        self._digest = part_checksum_function(self.part_checksum)
+        self._alg = self.part_checksum.upper()
+        self.part_size = int(opts.get("part_size_mib", "64")) * _MiB
+        self.concurrency = max(1, int(opts.get("concurrency", "8")))
+        endpoint = opts.get("endpoint_url")
+        region = opts.get("region", "us-east-1")
+        style = opts.get("addressing_style", "path" if endpoint else "auto")
+        if uri.scheme == "r2":
+            endpoint = endpoint or f"https://{uri.account}.r2.cloudflarestorage.com"
+            region, style = opts.get("region", "auto"), "path"
+        creds = credentials or StoreCredentials()
+        session = boto3.session.Session(
+            aws_access_key_id=creds.aws_access_key_id, aws_secret_access_key=creds.aws_secret_access_key,
+            aws_session_token=creds.aws_session_token, region_name=region)
+        config = Config(
+            region_name=region,
+            s3={"addressing_style": style, "payload_signing_enabled": False},
+            # We always send our own checksum headers; never let the SDK add a second pass.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            max_pool_connections=self.concurrency + 4,
+            retries={"mode": "standard", "max_attempts": 6},
+            connect_timeout=10,
+            read_timeout=120,
+        )
+        self._client = session.client("s3", endpoint_url=endpoint, config=config)
+        self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="bt-s3")
+        self._slots = threading.BoundedSemaphore(self.concurrency + 2)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _err(self, exc: Exception, key: str, what: str) -> StorageError:
+        code = ""
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            code = str(response.get("Error", {}).get("Code", ""))
+        where = f"{self.uri.display().split('/')[0]}//{self.uri.bucket}/{key}"
+        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            return StorageError(where, f"{what}: access denied ({code}); check the checkpoint-store credentials")
+        return StorageError(where, f"{what}: {code or type(exc).__name__}: {exc}")
+
+    def _part_size_for(self, size: int) -> int:
+        part = self.part_size
+        while (size + part - 1) // part > _MAX_PARTS:
+            part *= 2
+        return part
+
+    def _full(self, key: str) -> str:
+        """Keys given to this store are relative to the URI's prefix."""
+        return self.uri.key(key)
+
+    def head(self, key: str) -> dict[str, Any] | None:
+        """``HeadObject`` with checksums (``key`` is absolute in the bucket), or None when absent."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return dict(self._client.head_object(Bucket=self.uri.bucket, Key=key, ChecksumMode="ENABLED"))
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._err(exc, key, "HeadObject failed") from exc
+
+    def abort_incomplete(self, key: str) -> int:
+        """Abort every incomplete multipart upload of exactly ``key`` (absolute; left by a killed uploader)."""
+        from botocore.exceptions import ClientError
+
+        aborted = 0
+        try:
+            resp = self._client.list_multipart_uploads(Bucket=self.uri.bucket, Prefix=key)
+            for up in resp.get("Uploads", []):
+                if up.get("Key") == key:
+                    self._client.abort_multipart_upload(Bucket=self.uri.bucket, Key=key, UploadId=up["UploadId"])
+                    aborted += 1
+        except ClientError as exc:
+            raise self._err(exc, key, "cannot list or abort incomplete uploads") from exc
+        return aborted
+
+    def _local_composite(self, fd: int, size: int) -> str:
+        part = self._part_size_for(size)
+        digests = []
+        for off in range(0, size, part):
+            digests.append(self._digest(os.pread(fd, min(part, size - off), off)))
+        return composite_checksum(self.part_checksum, digests)
+
+    def _already_there(self, fd: int, size: int, key: str, sha256: str) -> bool:
+        head = self.head(key)
+        if head is None or int(head.get("ContentLength", -1)) != size:
+            return False
+        if size <= self.part_size:
+            return bool(head.get("ChecksumSHA256") == base64.b64encode(bytes.fromhex(sha256)).decode()
+                        or head.get("Metadata", {}).get("bt-sha256") == sha256)
+        stored = head.get(f"Checksum{self._alg}")
+        if not stored:
+            return False
+        if "-" not in str(stored):
+            return False  # a FULL_OBJECT CRC: cheaper to re-send than to prove equal here
+        return bool(stored == self._local_composite(fd, size))
+
+    # -- CheckpointStore -------------------------------------------------------------------------
+    def upload_file(self, fd: int, size: int, key: str, *, expect_sha256: str | None = None) -> UploadResult:
+        """Upload ``size`` bytes of ``fd`` to ``key`` and verify the stored object (module docstring)."""
+        key = self._full(key)
+        if expect_sha256 is not None and self._already_there(fd, size, key, expect_sha256):
+            return UploadResult(expect_sha256, size, "existing", skipped=True)
+        if size <= self.part_size:
+            return self._put_single(fd, size, key)
+        return self._put_multipart(fd, size, key)
+
+    def _put_single(self, fd: int, size: int, key: str) -> UploadResult:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        data = os.pread(fd, size, 0) if size else b""
+        if len(data) != size:
+            raise StorageError(key, f"source shrank while uploading ({len(data)} of {size} bytes)")
+        digest = hashlib.sha256(data).digest()
+        try:
+            self._client.put_object(Bucket=self.uri.bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",
+                                    ChecksumSHA256=base64.b64encode(digest).decode(),
+                                    Metadata={"bt-sha256": digest.hex()})
+        except (ClientError, BotoCoreError) as exc:
+            raise self._err(exc, key, "PutObject failed") from exc
+        return UploadResult(digest.hex(), size, "sha256")
+
+    def _put_multipart(self, fd: int, size: int, key: str) -> UploadResult:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        self.abort_incomplete(key)
+        bucket = self.uri.bucket
+        part_size = self._part_size_for(size)
+        try:
+            upload_id = self._client.create_multipart_upload(
+                Bucket=bucket, Key=key, ChecksumAlgorithm=self._alg)["UploadId"]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._err(exc, key, "CreateMultipartUpload failed") from exc
+        h = hashlib.sha256()
+        futures: list[Future[dict[str, Any]]] = []
+        digests: list[bytes] = []
+        # Some S3-compatible servers store a whole-object (FULL_OBJECT) CRC instead of S3's
+        # COMPOSITE one; keep the running CRC too so either form can be checked.
+        full_update = running_checksum(self.part_checksum) if self.part_checksum != "sha256" else None
+        full = 0
+        try:
+            for number, offset in enumerate(range(0, size, part_size), start=1):
+                length = min(part_size, size - offset)
+                self._slots.acquire()
+                try:
+                    data = os.pread(fd, length, offset)
+                    if len(data) != length:
+                        raise StorageError(key, f"source shrank while uploading (part {number})")
+                    digest = self._digest(data)
+                except BaseException:
+                    self._slots.release()
+                    raise
+                digests.append(digest)
+                futures.append(self._pool.submit(self._send_part, key, upload_id, number, data, digest))
+                h.update(data)  # hashed while earlier parts are on the wire
+                if full_update is not None:
+                    full = full_update(full, data)
+                del data
+            parts = [f.result() for f in futures]
+            self._client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id,
+                                                   MultipartUpload={"Parts": parts})
+        except BaseException as exc:
+            for f in futures:
+                if f.cancel():
+                    self._slots.release()  # never ran, so _send_part did not release its slot
+            try:
+                self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            except Exception:  # noqa: S110 - best effort; a rerun aborts leftovers too
+                pass
+            if isinstance(exc, (ClientError, BotoCoreError)):
+                raise self._err(exc, key, "multipart upload failed") from exc
+            raise
+        expected = composite_checksum(self.part_checksum, digests)
+        head = self.head(key)
+        if head is None or int(head.get("ContentLength", -1)) != size:
+            raise StorageError(key, f"uploaded object is missing or has the wrong size (expected {size})")
+        stored = head.get(f"Checksum{self._alg}")
+        how = "size"
+        if stored:
+            if "-" in str(stored):
+                how = f"composite-{self.part_checksum}"
+            else:  # FULL_OBJECT form
+                expected = base64.b64encode(h.digest() if full_update is None else full.to_bytes(4, "big")).decode()
+                how = f"full-{self.part_checksum}"
+            if stored != expected:
+                raise IntegrityError(self.uri.display(), "stored checksum differs from what was sent", file=key,
+                                     expected=expected, actual=str(stored))
+        return UploadResult(h.hexdigest(), size, how)
+
+    def _send_part(self, key: str, upload_id: str, number: int, data: bytes, digest: bytes) -> dict[str, Any]:
+        try:
+            checksum = base64.b64encode(digest).decode()
+            resp = self._client.upload_part(Bucket=self.uri.bucket, Key=key, UploadId=upload_id,
+                                            PartNumber=number, Body=data, **{f"Checksum{self._alg}": checksum})
+            return {"PartNumber": number, "ETag": resp["ETag"], f"Checksum{self._alg}": checksum}
+        finally:
+            self._slots.release()
+
+    def download_file(self, key: str, dest: Path, *, size: int, sha256: str) -> None:
+        """Parallel ranged GETs into a unique temp file, then sha256-verify, fsync and rename."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self._full(key)
+
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(dest)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            part = self._part_size_for(size)
+
+            def fetch(offset: int) -> None:
+                end = min(offset + part, size) - 1
+                body = self._client.get_object(Bucket=self.uri.bucket, Key=key, Range=f"bytes={offset}-{end}")["Body"]
+                pos = offset
+                for chunk in iter(lambda: body.read(CHUNK_BYTES), b""):
+                    os.pwrite(fd, chunk, pos)
+                    pos += len(chunk)
+                if pos != end + 1:
+                    raise StorageError(key, f"short read at byte {pos} (expected {end + 1})")
+
+            try:
+                for f in [self._pool.submit(fetch, off) for off in range(0, size, part)]:
+                    f.result()
+            except (ClientError, BotoCoreError) as exc:
+                raise self._err(exc, key, "download failed") from exc
+            from slurm_bt.checkpoints.store import sha256_fd
+
+            actual = sha256_fd(fd, size)
+            if actual != sha256 or os.fstat(fd).st_size != size:
+                raise IntegrityError(self.uri.display(), "checkpoint file does not match the index", file=key,
+                                     expected=sha256, actual=actual)
+            os.fchmod(fd, 0o640)
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            os.rename(tmp, dest)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        fsync_dir(dest.parent)
+
+    def read_bytes(self, key: str) -> bytes | None:
+        """A small object's bytes, or None."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self._full(key)
+
+        try:
+            body = self._client.get_object(Bucket=self.uri.bucket, Key=key)["Body"]
+            return bytes(body.read())
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._err(exc, key, "GetObject failed") from exc
+        except BotoCoreError as exc:
+            raise self._err(exc, key, "GetObject failed") from exc
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """PutObject with ChecksumSHA256 (the server verifies it)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self._full(key)
+
+        try:
+            self._client.put_object(Bucket=self.uri.bucket, Key=key, Body=data,
+                                    ChecksumSHA256=base64.b64encode(hashlib.sha256(data).digest()).decode())
+        except (ClientError, BotoCoreError) as exc:
+            raise self._err(exc, key, "PutObject failed") from exc
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        """Common prefixes one level below ``prefix``."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        full = self._full(prefix)
+        base = f"{full.rstrip('/')}/" if full else ""
+        names: list[str] = []
+        try:
+            for page in self._client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.uri.bucket, Prefix=base, Delimiter="/"):
+                names += [p["Prefix"][len(base):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._err(exc, base, "ListObjectsV2 failed") from exc
+        return sorted(names)
+
+    def close(self) -> None:
+        """Stop the part pool."""
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,286 @@
+"""Upload one node rank's completed checkpoints, idempotently and resumably.
+
+:class:`RankUploader` is shared by the background uploader (:mod:`.agent`), the final flush and the
+hand-off resumer, so all three behave the same:
+
+* only *complete* checkpoints are uploaded (:mod:`.scan`);
+* a checkpoint enters this rank's index part only after every file was uploaded and verified;
+* while a checkpoint is in flight, the files already verified are recorded in the part's
+  ``uploading`` section (at most every few seconds), so a restart after ``kill -9`` re-hashes those
+  files locally and skips the ones whose sha256 and stored copy still match instead of sending them
+  again; incomplete multipart uploads of the file that was in flight are aborted by the store;
+* everything is keyed by (project, job, rank, checkpoint, path), so running twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from slurm_bt.checkpoints.index import FileEntry, JobIndex, RankCheckpoint, RankIndex, merge_parts, utc_now
+from slurm_bt.checkpoints.layout import file_key, index_key, rank_index_key
+from slurm_bt.checkpoints.scan import CheckpointFile, CompletionTracker, DirState, scan_dir
+from slurm_bt.checkpoints.store import CheckpointStore
+from slurm_bt.errors import StorageError
+
+__all__ = ["DeadlineExceeded", "JobIdentity", "RankUploader", "read_job_index", "read_rank_part"]
+
+
+class DeadlineExceeded(Exception):
+    """The caller's time budget ran out between two files; what is left stays on disk."""
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Which job and rank the uploads belong to (decides every key)."""
+
+    project_name: str
+    project_id: str
+    job_id: str
+    user: str
+    rank: int
+    group_size: int
+
+
+def read_rank_part(store: CheckpointStore, project_id: str, job_id: str, rank: int) -> RankIndex | None:
+    """One rank's index part, or None (absent or unreadable JSON)."""
+    raw = store.read_bytes(rank_index_key(project_id, job_id, rank))
+    if raw is None:
+        return None
+    try:
+        return RankIndex.model_validate_json(raw)
+    except ValidationError:
+        return None
+
+
+def read_job_index(store: CheckpointStore, project_id: str, job_id: str,
+                   group_size: int | None = None) -> JobIndex | None:
+    """The job's merged index, built from the rank parts (falls back to ``index.json``)."""
+    parts = []
+    first = read_rank_part(store, project_id, job_id, 0)
+    if first is not None:
+        parts.append(first)
+        size = max(group_size or 0, first.group_size)
+        for rank in range(1, size):
+            part = read_rank_part(store, project_id, job_id, rank)
+            if part is not None:
+                parts.append(part)
+    merged = merge_parts(parts)
+    if merged is not None:
+        return merged
+    raw = store.read_bytes(index_key(project_id, job_id))
+    if raw is None:
+        return None
+    try:
+        return JobIndex.model_validate_json(raw)
+    except ValidationError:
+        return None
+
+
+def _log(rank: int, message: str) -> None:
+    try:
+        print(f"slurm-bt checkpoints [rank {rank}]: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # a closed stderr must never fail an upload
+        pass
+
+
+def _iso(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+@dataclass
+class RankUploader:
+    """Ships one node's ``BT_CHECKPOINT_DIR`` to the store (module docstring).
+
+    Attributes:
+        store: the opened checkpoint store.
+        ident: job and rank.
+        checkpoint_dir: the host directory to watch.
+        tracker: the completion rule state.
+        file_workers: files uploaded concurrently (parts of big files are parallel inside the store).
+        log: where progress lines go.
+    """
+
+    store: CheckpointStore
+    ident: JobIdentity
+    checkpoint_dir: Path
+    tracker: CompletionTracker = field(default_factory=CompletionTracker)
+    file_workers: int = 4
+    log: Callable[[int, str], None] = _log
+    _part: RankIndex | None = None
+    _uploaded_sig: dict[str, str] = field(default_factory=dict)
+    _warned_loose: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def part(self) -> RankIndex:
+        """This rank's index part (read from the store once, then kept current in memory)."""
+        if self._part is None:
+            existing = read_rank_part(self.store, self.ident.project_id, self.ident.job_id, self.ident.rank)
+            i = self.ident
+            self._part = existing or RankIndex(project_name=i.project_name, project_id=i.project_id, job_id=i.job_id,
+                                               user=i.user, rank=i.rank, group_size=i.group_size, updated=utc_now())
+        return self._part
+
+    def _publish(self, part: RankIndex) -> None:
+        i = self.ident
+        self.store.write_bytes(rank_index_key(i.project_id, i.job_id, i.rank), part.model_dump_json(indent=1).encode())
+        self._part = part
+        parts = [part]
+        for rank in range(i.group_size):
+            if rank != i.rank:
+                other = read_rank_part(self.store, i.project_id, i.job_id, rank)
+                if other is not None:
+                    parts.append(other)
+        merged = merge_parts(parts)
+        if merged is not None:
+            self.store.write_bytes(index_key(i.project_id, i.job_id), merged.model_dump_json(indent=1).encode())
+
+    def pending(self, *, final: bool) -> list[tuple[DirState, str]]:
+        """Complete checkpoints that are not in the store in their current state."""
+        states, loose = scan_dir(self.checkpoint_dir)
+        if loose and not self._warned_loose:
+            self._warned_loose = True
+            self.log(self.ident.rank, f"not uploaded (only subdirectories are checkpoints): {', '.join(loose[:5])}")
+        out = []
+        part = self.part()
+        for state in states:
+            reason = self.tracker.completion(state, final=final)
+            if reason is None or self._uploaded_sig.get(state.name) == state.signature:
+                continue
+            if _unchanged_since_upload(part.get(state.name), state):
+                self._uploaded_sig[state.name] = state.signature  # uploaded by an earlier process
+                continue
+            out.append((state, reason))
+        return out
+
+    def run_once(self, *, final: bool = False, deadline: float | None = None) -> list[str]:
+        """Upload every complete checkpoint not yet uploaded; returns their names.
+
+        Raises:
+            DeadlineExceeded: ``deadline`` (a ``time.monotonic()`` value) passed between two files.
+            StorageError: a store operation failed after the backend's retries.
+        """
+        done = []
+        for state, reason in self.pending(final=final):
+            self.upload_checkpoint(state, reason, deadline=deadline)
+            done.append(state.name)
+        return done
+
+    def upload_checkpoint(self, state: DirState, completion: str, *, deadline: float | None = None) -> RankCheckpoint:
+        """Upload one checkpoint's files, then record it in this rank's part and the merged index."""
+        i = self.ident
+        part = self.part()
+        previous = {f.path: f for c in (part.get(state.name), _uploading(part, state.name)) if c for f in c.files}
+        started = time.monotonic()
+        entries: dict[str, FileEntry] = {}
+        last_progress = [time.monotonic()]
+        skipped_bytes = [0]
+
+        def one(f: CheckpointFile) -> None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise DeadlineExceeded(state.name)
+            entry = self._upload_file(state.name, f, previous.get(f.relpath), skipped_bytes)
+            with self._lock:
+                entries[f.relpath] = entry
+                if time.monotonic() - last_progress[0] > 5.0:
+                    last_progress[0] = time.monotonic()
+                    self._record_progress(state.name, completion, state, list(entries.values()))
+
+        with ThreadPoolExecutor(max_workers=self.file_workers, thread_name_prefix="bt-ckpt-file") as pool:
+            futures = [pool.submit(one, f) for f in state.files]
+            errors = []
+            for fut in futures:
+                try:
+                    fut.result()
+                except BaseException as exc:  # collect, cancel the rest, re-raise the first
+                    errors.append(exc)
+                    for other in futures:
+                        other.cancel()
+            if errors:
+                if entries:
+                    try:
+                        self._record_progress(state.name, completion, state, list(entries.values()))
+                    except StorageError:
+                        pass
+                raise errors[0]
+        ckpt = RankCheckpoint(name=state.name, created=_iso(state.newest_mtime), uploaded=utc_now(),
+                              completion=completion, files=tuple(sorted(entries.values(), key=lambda e: e.path)),
+                              source_mtime=state.newest_mtime)
+        new_part = self.part().with_checkpoint(ckpt)
+        new_part = new_part.model_copy(update={"uploading": tuple(c for c in _uploading_all(new_part)
+                                                                   if c.name != state.name)})
+        self._publish(new_part)
+        self._uploaded_sig[state.name] = state.signature
+        total = ckpt.size
+        secs = max(time.monotonic() - started, 1e-6)
+        sent = total - skipped_bytes[0]
+        self.log(i.rank, f"uploaded {state.name} ({len(ckpt.files)} files, {total} bytes, {completion}; "
+                         f"{sent / secs / 2**20:.0f} MiB/s, {skipped_bytes[0]} bytes already there)")
+        if state.skipped:
+            self.log(i.rank, f"{state.name}: skipped (symlink out of the checkpoint or special file): "
+                             f"{', '.join(state.skipped[:5])}")
+        return ckpt
+
+    def _upload_file(self, name: str, f: CheckpointFile, prev: FileEntry | None, skipped: list[int]) -> FileEntry:
+        i = self.ident
+        key = file_key(i.project_id, i.job_id, i.rank, name, f.relpath)
+        try:
+            fd = os.open(f.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StorageError(str(f.path), f"cannot open checkpoint file: {exc.strerror}") from exc
+        try:
+            size = os.fstat(fd).st_size
+            expect = None
+            if prev is not None and prev.size == size:
+                from slurm_bt.checkpoints.store import sha256_fd
+
+                local = sha256_fd(fd, size)
+                expect = local if local == prev.sha256 else None
+            result = self.store.upload_file(fd, size, key, expect_sha256=expect)
+        finally:
+            os.close(fd)
+        if result.skipped:
+            with self._lock:
+                skipped[0] += size
+        return FileEntry(path=f.relpath, size=result.size, sha256=result.sha256)
+
+    def _record_progress(self, name: str, completion: str, state: DirState, files: list[FileEntry]) -> None:
+        partial = RankCheckpoint(name=name, created=_iso(state.newest_mtime), uploaded=utc_now(),
+                                 completion=completion, files=tuple(sorted(files, key=lambda e: e.path)))
+        part = self.part()
+        others = tuple(c for c in _uploading_all(part) if c.name != name)
+        updated = part.model_copy(update={"uploading": (*others, partial), "updated": utc_now()})
+        i = self.ident
+        self.store.write_bytes(rank_index_key(i.project_id, i.job_id, i.rank),
+                               updated.model_dump_json(indent=1).encode())
+        self._part = updated
+
+
+def _unchanged_since_upload(prev: RankCheckpoint | None, state: DirState) -> bool:
+    """The store already has this checkpoint as it is now: same files and sizes, nothing newer than the upload.
+
+    Lets a restarted uploader (or the final flush, or a hand-off resume) skip checkpoints an earlier
+    process uploaded without re-hashing them.
+    """
+    if prev is None:
+        return False
+    if {(f.path, f.size) for f in prev.files} != {(f.relpath, f.size) for f in state.files}:
+        return False
+    return prev.source_mtime > 0 and state.newest_mtime <= prev.source_mtime
+
+
+def _uploading_all(part: RankIndex) -> tuple[RankCheckpoint, ...]:
+    return part.uploading
+
+
+def _uploading(part: RankIndex, name: str) -> RankCheckpoint | None:
+    return next((c for c in part.uploading if c.name == name), None)

@@ -1,0 +1,353 @@
+"""``slurm-bt admin install`` and ``slurm-bt admin doctor``: put the hooks on a node and check it.
+
+Why a command and not a copy step in the docs: the hook wrappers must name an absolute interpreter
+(slurmd gives hooks no ``PATH``, slurm-facts.md §1.7), the storage roots must exist with exact
+owners and modes before the first job (a missing root drains the node), and the slurm.conf lines
+must match what the hooks assume. ``install`` does all of it and prints the config lines; ``doctor``
+re-checks a node and prints each problem with its fix (exit 1 if anything is wrong).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from slurm_bt.cli.errors import handle_errors
+
+__all__ = ["Check", "admin_group", "doctor_checks", "render_wrapper", "slurm_conf_lines"]
+
+_WRAPPER = """#!/bin/sh
+# slurm-bt {kind} wrapper, written by `slurm-bt admin install` (contract: {kind}/README.md).
+# slurmd runs it as root with no PATH: absolute interpreter, isolated Python (-I).
+PY={python}
+if [ ! -x "$PY" ]; then
+    echo "slurm-bt {kind}: DRAIN: interpreter $PY is missing; fix: reinstall slurm-bt, rerun slurm-bt admin install" >&2
+    exit 1
+fi
+exec "$PY" -I -m slurm_bt.hooks.{kind}{args}
+"""
+
+
+def render_wrapper(kind: str, python: str, config: str | None, site: str | None) -> str:
+    """The text of a hook wrapper (``kind`` is ``prolog`` or ``epilog``)."""
+    if not python.startswith("/") or any(c in python for c in " \t\n'\"$`\\"):
+        raise click.BadParameter(f"interpreter must be an absolute path without spaces or quotes: {python!r}")
+    args = ""
+    for flag, value in (("--config", config), ("--site", site)):
+        if value:
+            if not value.startswith("/") or any(c in value for c in " \t\n'\"$`\\"):
+                raise click.BadParameter(f"{flag} must be an absolute path without spaces or quotes")
+            args += f" {flag} {value}"
+    return _WRAPPER.format(kind=kind, python=python, args=args)
+
+
+def slurm_conf_lines(prolog: str, epilog: str, deadline_s: float, gres: dict[str, str]) -> list[str]:
+    """The slurm.conf (and gres.conf) lines the hooks assume, with one comment line each."""
+    timeout = max(120, int(deadline_s) + 30)
+    lines = [
+        "# --- slurm.conf ---",
+        f"Prolog={prolog}",
+        f"Epilog={epilog}",
+        "# Alloc: prolog at allocation on every node; Contain: extern step; DeferBatch: the batch",
+        "# script starts only after the prolog finished on ALL nodes (22.05: DeferBatch does not imply Alloc).",
+        "PrologFlags=Alloc,Contain,DeferBatch",
+        f"# Default is to wait forever; the hooks stop themselves after deadline_s={deadline_s:.0f} s.",
+        f"PrologEpilogTimeout={timeout}",
+        "# Optional: a prolog failure requeues the job pending instead of held.",
+        "SchedulerParameters=nohold_on_prolog_fail",
+        "GresTypes=gpu",
+        "AccountingStorageTRES=gres/gpu",
+        "# job_comment keeps slurm-bt's submission id in sacct; add job_script,job_env only if coordinators",
+        "# and admins may read every job's script and submit environment.",
+        "AccountingStoreFlags=job_comment",
+        "# Comments, work dirs and commands are visible to every user by default (slurm-facts.md §7):",
+        "PrivateData=jobs,usage",
+        "# In each NodeName= line: Gres=gpu:<type>:<count>",
+    ]
+    lines.append("# --- gres.conf ---")
+    for accel, gtype in sorted(gres.items()):
+        lines.append(f"# {accel}: NodeName=<nodes> Name=gpu Type={gtype} File=/dev/nvidia[0-7]")
+    return lines
+
+
+@dataclass(frozen=True)
+class Check:
+    """One doctor finding: ``ok`` or a problem with its fix."""
+
+    name: str
+    ok: bool
+    problem: str = ""
+    fix: str = ""
+    warn: bool = False
+
+
+def _scontrol_config() -> dict[str, str] | None:
+    exe = shutil.which("scontrol") or "/usr/bin/scontrol"
+    try:
+        out = subprocess.run([exe, "show", "config"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    conf = {}
+    for line in out.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            conf[key.strip()] = value.strip()
+    return conf
+
+
+def _local_nodes() -> list[str]:
+    """Slurm node names served by this host (several in the dev cluster)."""
+    exe = shutil.which("scontrol") or "/usr/bin/scontrol"
+    host = socket.gethostname().split(".")[0]
+    try:
+        out = subprocess.run([exe, "show", "node", "-o"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return [host]
+    names = []
+    for line in out.stdout.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("NodeHostName", "").split(".")[0] == host and fields.get("NodeName"):
+            names.append(fields["NodeName"])
+    return names or [host]
+
+
+def _check_root_dir(name: str, path: str, *, allow_sticky: bool = False) -> Check:
+    from slurm_bt.hooks.safefs import UntrustedPath, open_trusted_dir
+
+    try:
+        fd = open_trusted_dir(path, allow_sticky_final=allow_sticky)
+    except FileNotFoundError:
+        return Check(name, False, f"{path} does not exist", f"mkdir -p {path} && chown root:root {path} && "
+                     f"chmod 0755 {path} (or `slurm-bt admin install`)")
+    except UntrustedPath as exc:
+        return Check(name, False, str(exc), f"chown root:root and chmod go-w each component of {path}")
+    except OSError as exc:
+        return Check(name, False, f"{path}: {exc.strerror}", "check the mount")
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o002:
+            return Check(name, False, f"{path} is world-writable (mode {stat.S_IMODE(st.st_mode):04o}): users can "
+                         "pre-create job directories", f"chmod 0755 {path}", warn=True)
+    finally:
+        os.close(fd)
+    return Check(name, True)
+
+
+def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None) -> list[Check]:
+    """Run every check for this host's ``nodes``; see the module docstring."""
+    from slurm_bt.hooks.config import HookConfigError, load_hook_settings, load_trusted_site
+    from slurm_bt.hooks.status import STATE_ROOT
+    from slurm_bt.site_settings import expand_path
+
+    checks: list[Check] = []
+    if os.geteuid() != 0:
+        checks.append(Check("running as root", False, "some checks need root", "run `sudo slurm-bt admin doctor`",
+                            warn=True))
+    try:
+        settings = load_hook_settings(config)
+        checks.append(Check("hook policy (hooks.toml)", True))
+    except HookConfigError as exc:
+        checks.append(Check("hook policy (hooks.toml)", False, str(exc), exc.fix))
+        return checks
+    try:
+        site = load_trusted_site(site_path)
+        checks.append(Check("site file (site.toml)", True))
+    except HookConfigError as exc:
+        checks.append(Check("site file (site.toml)", False, str(exc), exc.fix))
+        return checks
+
+    conf = _scontrol_config()
+    if conf is None:
+        checks.append(Check("slurm config", False, "`scontrol show config` failed", "check slurmctld and munge"))
+    else:
+        for key, kind in (("Prolog", "prolog"), ("Epilog", "epilog")):
+            value = conf.get(key, "(null)")
+            if f"slurm-bt-{kind}" not in value:
+                checks.append(Check(f"slurm.conf {key}", False, f"{key}={value}",
+                                    f"set {key}=<prefix>/libexec/slurm-bt/slurm-bt-{kind} (slurm-bt admin install)"))
+                continue
+            p = Path(value)
+            try:
+                st = p.stat()
+                ok = st.st_uid == 0 and not st.st_mode & 0o022 and os.access(p, os.X_OK)
+                text = p.read_text(errors="replace")
+                py = next((ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith("PY=")), None)
+            except OSError as exc:
+                checks.append(Check(f"{key} script", False, f"{value}: {exc.strerror}", "slurm-bt admin install"))
+                continue
+            if not ok:
+                checks.append(Check(f"{key} script", False, f"{value} must be root-owned, executable, not writable "
+                                    "by others", f"chown root:root {value} && chmod 0755 {value}"))
+            elif py and not os.access(py, os.X_OK):
+                checks.append(Check(f"{key} script", False, f"interpreter {py} is missing", "slurm-bt admin install"))
+            else:
+                checks.append(Check(f"{key} script", True))
+        flags = conf.get("PrologFlags", "")
+        if "Alloc" not in flags or "DeferBatch" not in flags:
+            checks.append(Check("PrologFlags", False, f"PrologFlags={flags}",
+                                "PrologFlags=Alloc,Contain,DeferBatch (prolog on every node before the batch step)"))
+        else:
+            checks.append(Check("PrologFlags", True))
+        try:
+            timeout = int(conf.get("PrologEpilogTimeout", "65534").split()[0])
+        except ValueError:
+            timeout = 65534
+        if timeout >= 65534 or timeout < settings.deadline_s + 10:
+            checks.append(Check("PrologEpilogTimeout", False, f"PrologEpilogTimeout={timeout} with hook deadline_s="
+                                f"{settings.deadline_s:.0f}", f"PrologEpilogTimeout={int(settings.deadline_s) + 30}"))
+        else:
+            checks.append(Check("PrologEpilogTimeout", True))
+        if "gres/gpu" not in conf.get("AccountingStorageTRES", ""):
+            checks.append(Check("AccountingStorageTRES", False, "GPUs are not accounted",
+                                "AccountingStorageTRES=gres/gpu"))
+        if "jobs" not in conf.get("PrivateData", ""):
+            checks.append(Check("PrivateData", False, "every user can read other jobs' comments and commands",
+                                "PrivateData=jobs,usage (in slurm.conf and slurmdbd.conf)", warn=True))
+
+    for node in nodes:
+        pw_kw = {"user": "root", "uid": 0, "home": "/root", "node": node}
+        scratch = expand_path(site.storage.scratch, **pw_kw)  # type: ignore[arg-type]
+        chk = _check_root_dir(f"scratch root on {node}", scratch, allow_sticky=True)
+        checks.append(chk)
+        if chk.ok:
+            vfs = os.statvfs(scratch)
+            free_mib = vfs.f_bavail * vfs.f_frsize // (1024 * 1024)
+            if free_mib < settings.scratch_min_free_mib:
+                checks.append(Check(f"scratch space on {node}", False, f"{free_mib} MiB free < "
+                                    f"{settings.scratch_min_free_mib} MiB", "free space on the node-local disk"))
+            handoff = Path(scratch) / ".slurm-bt-handoff"
+            if handoff.is_dir() and (pending := sorted(handoff.glob("*.json"))):
+                checks.append(Check(f"checkpoint hand-offs on {node}", False, f"{len(pending)} job(s) left "
+                                    f"checkpoints that were not confirmed uploaded: {handoff}",
+                                    "upload or archive them, then remove the job dirs and records", warn=True))
+        fault = Path(f"{STATE_ROOT}/{node}/last-fault")
+        if fault.is_file():
+            checks.append(Check(f"last hook fault on {node}", False, fault.read_text(errors="replace").strip(),
+                                f"fix the cause, `rm {fault}`, then `scontrol update nodename={node} state=resume`",
+                                warn=True))
+    cache = expand_path(site.storage.cache, user="root", uid=0, home="/root")
+    chk = _check_root_dir("shared cache root", cache)
+    checks.append(chk)
+    if chk.ok:
+        probe = Path(cache) / f".doctor-{os.getpid()}"
+        try:
+            probe.mkdir()
+            from slurm_bt.hooks.safefs import set_default_group_acl
+
+            fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                acl = set_default_group_acl(fd)
+            finally:
+                os.close(fd)
+            checks.append(Check("shared cache ACLs", acl, "" if acl else "no POSIX ACL support on the cache "
+                                "filesystem", "" if acl else "mount with acl, or tell users to set umask 0007",
+                                warn=not acl))
+        except OSError as exc:
+            checks.append(Check("shared cache writable", False, f"{cache}: {exc.strerror}", "check the mount"))
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
+    import grp
+
+    for account, group in sorted(settings.team_groups.items()):
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            checks.append(Check(f"team group of account {account}", False, f"group {group!r} does not exist",
+                                f"groupadd {group} (on every node) or fix [team_groups]"))
+    store = site.storage.checkpoint_store
+    if store.startswith("file://"):
+        path = store[len("file://"):]
+        checks.append(Check("checkpoint store", os.path.isdir(path), "" if os.path.isdir(path) else
+                            f"{path} does not exist", f"mkdir -p {path} on the shared filesystem"))
+    else:
+        checks.append(Check("checkpoint store", True, f"{store}: remote store not probed", ""))
+    return checks
+
+
+@click.group(name="admin", context_settings={"help_option_names": ["-h", "--help"]})
+def admin_group() -> None:
+    """Install and check the slurm-bt Prolog/Epilog on a node (run as root)."""
+
+
+@admin_group.command(name="install")
+@click.option("--prefix", default="/usr/local", show_default=True, help="Wrappers go to PREFIX/libexec/slurm-bt.")
+@click.option("--python", "python", default=sys.executable, show_default=True,
+              help="Absolute interpreter with slurm-bt installed (baked into the wrappers).")
+@click.option("--config", default=None, help="Hook policy file passed to the hooks (default /etc/slurm-bt/hooks.toml).")
+@click.option("--site", default=None, help="Site file passed to the hooks (default /etc/slurm-bt/site.toml).")
+@click.option("--node", "nodes", multiple=True, help="Node names served by this host (for %n roots).")
+@click.option("--dry-run", is_flag=True, help="Print what would be done.")
+def install_command(prefix: str, python: str, config: str | None, site: str | None, nodes: tuple[str, ...],
+                    dry_run: bool) -> None:
+    """Write the hook wrappers, create this node's storage roots and print the slurm.conf lines."""
+    with handle_errors("slurm-bt admin"):
+        from slurm_bt.hooks.config import load_hook_settings, load_trusted_site
+        from slurm_bt.site_settings import expand_path
+
+        settings = load_hook_settings(Path(config) if config else None)
+        site_settings = load_trusted_site(Path(site) if site else None)
+        if not dry_run and os.geteuid() != 0:
+            raise click.ClickException("run as root (the hooks and roots must be root-owned)")
+        libexec = Path(prefix) / "libexec" / "slurm-bt"
+        paths = {}
+        for kind in ("prolog", "epilog"):
+            text = render_wrapper(kind, python, config, site)
+            dest = libexec / f"slurm-bt-{kind}"
+            paths[kind] = str(dest)
+            click.echo(f"{'would write' if dry_run else 'writing'} {dest}")
+            if not dry_run:
+                libexec.mkdir(parents=True, exist_ok=True, mode=0o755)
+                tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+                tmp.write_text(text)
+                os.chown(tmp, 0, 0)
+                os.chmod(tmp, 0o755)  # noqa: S103 - slurmd must execute it; root-owned
+                os.replace(tmp, dest)
+        roots = []
+        for node in nodes or tuple(_local_nodes()):
+            roots.append(expand_path(site_settings.storage.scratch, user="root", uid=0, home="/root", node=node))
+        roots.append(expand_path(site_settings.storage.cache, user="root", uid=0, home="/root"))
+        for root in dict.fromkeys(roots):
+            click.echo(f"{'would create' if dry_run else 'ensuring'} {root} (root:root 0755)")
+            if not dry_run:
+                p = Path(root)
+                p.mkdir(parents=True, exist_ok=True)
+                st = p.lstat()
+                if stat.S_ISLNK(st.st_mode) or st.st_uid != 0:
+                    raise click.ClickException(f"{root} exists and is not a root-owned directory; fix it by hand")
+                os.chmod(p, 0o755)  # noqa: S103 - storage roots: root-owned, traversable
+        gres = {name: m.gres_type for name, m in site_settings.accelerators.items()}
+        click.echo("\nAdd these lines to slurm.conf / gres.conf on every node and the controller, then "
+                   "`scontrol reconfigure`:\n")
+        for line in slurm_conf_lines(paths["prolog"], paths["epilog"], settings.deadline_s, gres):
+            click.echo(line)
+        click.echo("\nThen run `slurm-bt admin doctor` on each node.")
+
+
+@admin_group.command(name="doctor")
+@click.option("--config", type=click.Path(path_type=Path), default=None, help="Hook policy file.")
+@click.option("--site", "site_path", type=click.Path(path_type=Path), default=None, help="Site file.")
+@click.option("--node", "nodes", multiple=True, help="Node names to check (default: those on this host).")
+def doctor_command(config: Path | None, site_path: Path | None, nodes: tuple[str, ...]) -> None:
+    """Check this node's hook setup; print each problem with its fix (exit 1 on any failure)."""
+    with handle_errors("slurm-bt admin"):
+        checks = doctor_checks(list(nodes) or _local_nodes(), config, site_path)
+        failed = False
+        for c in checks:
+            if c.ok:
+                click.echo(f"ok    {c.name}" + (f" ({c.problem})" if c.problem else ""))
+                continue
+            failed = failed or not c.warn
+            click.echo(f"{'WARN' if c.warn else 'FAIL'}  {c.name}: {c.problem}")
+            if c.fix:
+                click.echo(f"      fix: {c.fix}")
+        raise SystemExit(1 if failed else 0)

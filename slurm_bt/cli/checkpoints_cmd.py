@@ -1,0 +1,131 @@
+"""``slurm-bt checkpoints``: list and download a job's checkpoints; finish hand-offs (root).
+
+Everything runs as the caller with the caller's store credentials, so it shows exactly what the
+store lets the caller read (docs/checkpoints.md, trust model).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from slurm_bt.cli.errors import handle_errors
+from slurm_bt.errors import Problem, UserError
+
+__all__ = ["checkpoints_group"]
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _job_index(job_id: str):  # type: ignore[no-untyped-def]
+    from slurm_bt.checkpoints.resolve import find_job, open_user_store
+    from slurm_bt.site_settings import load_site_settings, user_path
+
+    site = load_site_settings()
+    store = open_user_store(site.storage.model_dump())
+    try:
+        index = find_job(store, job_id, workspace=user_path(site.storage.workspace))
+    except BaseException:
+        store.close()
+        raise
+    if index is None:
+        store.close()
+        raise UserError("slurm-bt", [Problem("JOB_ID", f"job {job_id} has no checkpoints in {store.uri.display()} "
+                                             "(or they are not readable by you)")])
+    return store, index
+
+
+@click.group(name="checkpoints")
+def checkpoints_group() -> None:
+    """Checkpoints uploaded from $BT_CHECKPOINT_DIR (list, download, resume-handoffs)."""
+
+
+@checkpoints_group.command(name="list")
+@click.argument("job_id")
+@click.option("-o", "--output", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
+def list_command(job_id: str, fmt: str, debug: bool) -> None:
+    """List JOB_ID's checkpoints (newest last)."""
+    with handle_errors("slurm-bt", debug=debug):
+        store, index = _job_index(job_id)
+        store.close()
+        if fmt == "json":
+            click.echo(index.model_dump_json(indent=2))
+            return
+        rows = [("NAME", "CREATED", "RANKS", "FILES", "SIZE", "COMPLETE")]
+        for c in index.checkpoints:
+            rows.append((c.name, c.created, ",".join(str(r) for r in sorted(c.ranks)), str(c.file_count),
+                         _human(c.size), "yes" if c.complete else f"no ({len(c.ranks)}/{index.group_size})"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        click.echo(f"project {index.project_name} ({index.project_id}), job {index.job_id}, "
+                   f"{index.group_size} node(s), store {store.uri.display()}")
+        for r in rows:
+            click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+@checkpoints_group.command(name="download")
+@click.argument("job_id")
+@click.argument("name", required=False)
+@click.option("--target-directory", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to put rank-<n>/<name>/ (default: ./<job_id>).")
+@click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
+def download_command(job_id: str, name: str | None, target_directory: Path | None, debug: bool) -> None:
+    """Download checkpoint NAME of JOB_ID (default: its latest complete one), sha256-verified."""
+    from slurm_bt.checkpoints.layout import file_key, valid_checkpoint_name
+    from slurm_bt.checkpoints.resolve import safe_relpath
+
+    with handle_errors("slurm-bt", debug=debug):
+        store, index = _job_index(job_id)
+        try:
+            view = index.get(name) if name else index.latest()
+            if view is None:
+                what = f"no checkpoint named {name!r}" if name else "no complete checkpoint"
+                raise UserError("slurm-bt", [Problem("NAME", f"job {job_id} has {what}")])
+            if not valid_checkpoint_name(view.name):
+                raise UserError("slurm-bt", [Problem("NAME", f"unsafe checkpoint name {view.name!r} in the index")])
+            target = target_directory or Path(job_id)
+            count = size = 0
+            for rank, files in sorted(view.ranks.items()):
+                for f in files:
+                    if not safe_relpath(f.path):
+                        raise UserError("slurm-bt", [Problem("NAME", f"unsafe path {f.path!r} in the index")])
+                    key = file_key(index.project_id, index.job_id, rank, view.name, f.path)
+                    store.download_file(key, target / f"rank-{rank}" / view.name / f.path, size=f.size, sha256=f.sha256)
+                    count += 1
+                    size += f.size
+        finally:
+            store.close()
+        click.echo(f"downloaded {view.name} of job {job_id}: {count} files, {_human(size)}, sha256 verified, "
+                   f"to {target}")
+
+
+@checkpoints_group.command(name="resume-handoffs")
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Hand-off area (default: the site's, next to the scratch root).")
+@click.option("--node", default=None, help="Node name, when storage roots use %n.")
+@click.option("--keep", is_flag=True, help="Keep entries after a successful upload.")
+@click.option("-o", "--output", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
+def resume_handoffs_command(root: Path | None, node: str | None, keep: bool, fmt: str, debug: bool) -> None:
+    """Upload checkpoints the epilog handed off (run as root, e.g. from a timer); exit 1 if any failed."""
+    from slurm_bt.checkpoints.handoff import resume_handoffs
+
+    with handle_errors("slurm-bt", debug=debug):
+        outcomes = resume_handoffs(root=root, node=node, keep=keep)
+        if fmt == "json":
+            click.echo(json.dumps([o.__dict__ for o in outcomes], indent=2))
+        else:
+            for o in outcomes:
+                click.echo(f"{o.entry}: {o.status}: {o.message}")
+            if not outcomes:
+                click.echo("no hand-offs")
+        if any(o.status == "failed" for o in outcomes):
+            raise SystemExit(1)

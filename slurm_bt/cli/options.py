@@ -1,0 +1,95 @@
+"""Options and helpers shared by the ``slurm-bt`` job verbs (status/view, list, logs, stop, metrics).
+
+Every verb works locally or, with ``--host``, on a login node over SSH: the remote side runs the
+same verb with ``--json`` and this side renders it, so output and exit codes are the same either
+way (:mod:`slurm_bt.remote.commands`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+if TYPE_CHECKING:
+    from slurm_bt.records import SubmissionRecord
+    from slurm_bt.slurm.client import SlurmClient
+
+__all__ = ["host_options", "load_records", "make_client", "print_json", "remote_json", "warn", "workspace"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def host_options(func: F) -> F:
+    """``--host`` and ``--accept-new-host-key`` (plus ``--debug``) for a verb."""
+    func = click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")(func)
+    func = click.option("--accept-new-host-key", is_flag=True,
+                        help="With --host: add an unknown host key to ~/.ssh/known_hosts instead of refusing.")(func)
+    func = click.option("--host", default=None, metavar="HOST",
+                        help="Run on this login node over SSH (ssh config alias, user@host[:port]).")(func)
+    return func
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr."""
+    click.echo(f"slurm-bt: warning: {message}", err=True)
+
+
+def make_client() -> SlurmClient:
+    """A client that runs Slurm commands on this machine, as the caller."""
+    from slurm_bt.slurm.client import SlurmClient
+    from slurm_bt.slurm.runner import SubprocessRunner
+
+    return SlurmClient(SubprocessRunner())
+
+
+def workspace() -> Path:
+    """The caller's workspace (records, job dirs), from the site settings."""
+    from slurm_bt.site_settings import load_site_settings, user_path
+
+    return Path(user_path(load_site_settings().storage.workspace))
+
+
+def load_records(
+    job_ids: Sequence[str] = (), project: str | None = None, *, everything: bool = False
+) -> dict[str, SubmissionRecord]:
+    """The caller's own submission records: of ``job_ids``, all of ``project``, or all (newest first)."""
+    from slurm_bt.records import list_records, read_record
+
+    ws = workspace()
+    if project is not None or everything:
+        return {r.job_id: r for r in list_records(ws, project)}
+    out = {}
+    for jid in job_ids:
+        rec = read_record(ws, jid) if "/" not in jid else None
+        if rec is not None:
+            out[jid] = rec
+    return out
+
+
+def remote_json(host: str, argv: Sequence[str], accept_new: bool) -> Any:
+    """Run ``slurm-bt argv... --json`` on ``host``; pass its stderr on; exit with its code if not 0.
+
+    A remote exit 1 that still printed JSON (degraded status) returns the JSON and leaves the
+    exit to the caller via :func:`click.get_current_context`'s ``meta["remote_exit"]``.
+    """
+    from slurm_bt.remote.commands import run_remote
+
+    outcome = run_remote(host, [*argv, "--json"], accept_new_host_key=accept_new)
+    if outcome.stderr:
+        sys.stderr.write(outcome.stderr)
+    data = outcome.json()
+    if outcome.returncode != 0:
+        if data is None:
+            raise SystemExit(outcome.returncode)
+        click.get_current_context().meta["remote_exit"] = outcome.returncode
+    return data
+
+
+def print_json(data: Any) -> None:
+    """JSON on stdout: indented for a terminal, compact for a pipe (C encoder: 1000 jobs in ms, not 0.2 s)."""
+    click.echo(json.dumps(data, indent=2) if sys.stdout.isatty() else json.dumps(data))

@@ -1,0 +1,139 @@
+"""The slurm-bt Epilog (root, every node of the job): flush, release, clean up. Idempotent.
+
+``python -I -m slurm_bt.hooks.epilog [--config hooks.toml] [--site site.toml]``; the contract is
+``epilog/README.md``. It also runs after a failed or half-finished prolog, and may run twice, so
+every step accepts "already done" and "never started" (threats-and-faults.md R3, E07):
+
+1. checkpoint flush hook point (bounded); unless it confirms *every* checkpoint uploaded, the job's
+   ``mnt/checkpoints`` stays on the node as the hand-off directory, recorded in
+   ``<scratch root>/.slurm-bt-handoff/<job id>.json`` for an admin (never a drain);
+2. node-cache lease release and LRU hook points (bounded);
+3. scratch removal: fd-relative, never following a symlink, never crossing a filesystem or mount
+   point, surviving concurrent swaps; leftovers are logged, not drained;
+4. removal of the job's notes under ``/run/slurm-bt/<node>/jobs/<id>``.
+
+Only an unusable scratch root (missing after the prolog made it, unsafe ownership, I/O errors)
+exits non-zero.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import sys
+import time
+
+from slurm_bt.hooks.extensions import enforce_node_cache_lru, flush_checkpoints, release_node_cache_leases
+from slurm_bt.hooks.jobstate import JobStateDir
+from slurm_bt.hooks.runner import HookContext, NodeFault, run_hook
+from slurm_bt.hooks.safefs import (
+    UnsafeEntry,
+    UntrustedPath,
+    ensure_dir_at,
+    mount_points_under,
+    open_trusted_dir,
+    remove_tree_at,
+    write_file_at,
+)
+from slurm_bt.site_settings import expand_path
+
+__all__ = ["CHECKPOINT_REL", "HANDOFF_DIR", "epilog_body", "main", "remove_scratch"]
+
+CHECKPOINT_REL = ("mnt", "checkpoints")
+HANDOFF_DIR = ".slurm-bt-handoff"
+
+
+def _has_checkpoints(root_fd: int, job_id: str) -> bool:
+    """True if ``<job>/mnt/checkpoints`` is a real, non-empty directory (checked without following)."""
+    fd = -1
+    try:
+        fd = os.open(job_id, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+        for part in CHECKPOINT_REL:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return bool(os.listdir(fd))
+    except OSError:
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _write_handoff(ctx: HookContext, root_fd: int, root: str, kept: list[str]) -> None:
+    env = ctx.env
+    try:
+        hfd, _ = ensure_dir_at(root_fd, HANDOFF_DIR, uid=0, gid=0, mode=0o755)
+    except UnsafeEntry as exc:
+        ctx.log.error(f"hand-off directory {root}/{HANDOFF_DIR} {exc.reason}; not recording hand-off")
+        return
+    try:
+        body = {"job_id": env.job_id, "user": env.user, "uid": env.uid, "node": env.node,
+                "paths": [f"{root}/{env.job_id}/{k}" for k in kept], "reason": "checkpoint upload not confirmed",
+                "recorded_at": int(time.time())}
+        write_file_at(hfd, f"{env.job_id}.json", json.dumps(body, sort_keys=True).encode() + b"\n", mode=0o644)
+    finally:
+        os.close(hfd)
+
+
+def remove_scratch(ctx: HookContext, *, keep_checkpoints: bool) -> None:
+    """Remove ``<scratch root>/<job id>`` safely, keeping unconfirmed checkpoints if asked."""
+    env = ctx.env
+    root = expand_path(ctx.site.storage.scratch, user=env.user, uid=env.uid, home=env.home, node=env.node)
+    try:
+        fd = open_trusted_dir(root, allow_sticky_final=True)
+    except FileNotFoundError:
+        ctx.notes.append("scratch root absent")
+        return
+    except UntrustedPath as exc:
+        raise NodeFault(f"scratch root is unsafe: {exc}", f"chown root:root and chmod go-w {root}") from None
+    try:
+        try:
+            st = os.stat(env.job_id, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            ctx.notes.append("scratch=absent")
+            return
+        keep: frozenset[tuple[str, ...]] = frozenset()
+        if stat.S_ISDIR(st.st_mode) and keep_checkpoints and _has_checkpoints(fd, env.job_id):
+            keep = frozenset({CHECKPOINT_REL})
+        path = f"{os.path.realpath(root)}/{env.job_id}"
+        mounts = frozenset(tuple(m[len(path) + 1:].split("/")) for m in mount_points_under(path))
+        report = remove_tree_at(fd, env.job_id, deadline=ctx.deadline - 3.0, keep=keep, mount_points=mounts)
+        ctx.notes.append(f"scratch removed files={report.files} dirs={report.dirs}")
+        if report.kept:
+            ctx.notes.append("kept " + ",".join(report.kept))
+            _write_handoff(ctx, fd, root, report.kept)
+        for rel, reason in report.leftovers[:20]:
+            ctx.log.warning(f"scratch leftover {path}/{rel}: {reason}")
+        if len(report.leftovers) > 20:
+            ctx.log.warning(f"... and {len(report.leftovers) - 20} more leftovers under {path}")
+        io_errors = [r for _, r in report.leftovers if r in (os.strerror(errno.EIO), os.strerror(errno.EROFS))]
+        if io_errors:
+            raise NodeFault(f"cannot remove scratch {path}: {io_errors[0]}", "check the node-local disk")
+    finally:
+        os.close(fd)
+
+
+def epilog_body(ctx: HookContext) -> None:
+    """The epilog's work (see the module docstring)."""
+    env = ctx.env
+    ctx.phase = "checkpoint-flush"
+    confirmed = flush_checkpoints(env, ctx.budget(ctx.settings.flush_budget_s, reserve_s=20.0), ctx.log)
+    ctx.phase = "node-cache"
+    release_node_cache_leases(env, ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0), ctx.log)
+    enforce_node_cache_lru(env, ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0), ctx.log)
+    ctx.phase = "scratch"
+    remove_scratch(ctx, keep_checkpoints=not confirmed)
+    ctx.phase = "notes"
+    JobStateDir(env, ctx.state_root).remove(deadline=ctx.deadline - 1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -I -m slurm_bt.hooks.epilog``."""
+    return run_hook("epilog", epilog_body, None, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""Run a function in a forked child with a hard time bound, optionally as the job's user.
+
+Why a fork and not ``seteuid`` in place: a root hook must never act on a user-named path with root's
+credentials (CVE-2023-41914, CVE-2016-10030; threats-and-faults.md R1, §3.1), and a temporary
+``seteuid`` keeps the saved uid 0, so anything the user can influence inside that window could take
+it back. The child drops for good, in the order CERT POS36-C requires, then verifies:
+
+1. ``initgroups(user, gid)`` (supplementary groups first: CVE-2009-2084),
+2. ``setresgid(gid, gid, gid)``, then ``setresuid(uid, uid, uid)``,
+3. verify: real/effective/saved ids are the job's, groups are exactly ``getgrouplist(user, gid)``,
+   ``setuid(0)`` and ``setgid(0)`` fail, no effective capabilities,
+4. ``PR_SET_NO_NEW_PRIVS`` (nothing it executes can gain privileges), empty environment apart from
+   ``PATH``/``HOME``/``USER``/``LOGNAME``/``LANG``, umask 077, cwd ``/``, no core dumps,
+5. stdin/stdout/stderr on ``/dev/null`` and no other inherited descriptor: a child holding slurmd's
+   output pipe would keep the prolog "running" until it exits (slurm-facts.md §1.4), and leaked
+   root fds are runc CVE-2024-21626.
+
+The result travels back over a pipe as JSON (bounded size). The parent treats it as untrusted data:
+the child runs as the user and its output is whatever the user's files made it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import pwd
+import resource
+import select
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from slurm_bt.hooks.env import SlurmHookEnv
+
+__all__ = [
+    "ChildError",
+    "ChildTimeout",
+    "PrivilegeDropError",
+    "run_as_job_user",
+    "run_in_child",
+]
+
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_GET_NO_NEW_PRIVS = 39
+_SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+_DEFAULT_MAX_RESULT = 4 * 1024 * 1024
+
+
+class ChildError(RuntimeError):
+    """The child raised, crashed or returned something unreadable.
+
+    Attributes:
+        kind: ``exception`` (the function raised), ``crashed`` (killed by a signal or no result),
+            ``drop`` (the privilege drop or its verification failed) or ``result`` (output too big
+            or not JSON).
+        exc_type: the exception's class name in the child (``PermissionError``), if any.
+        errno: its ``errno`` when it was an ``OSError``.
+    """
+
+    def __init__(self, kind: str, message: str, *, exc_type: str = "", err: int | None = None) -> None:
+        self.kind = kind
+        self.exc_type = exc_type
+        self.errno = err
+        super().__init__(message)
+
+
+class ChildTimeout(ChildError, TimeoutError):
+    """The child did not finish within its time bound and was killed (SIGKILL to its group)."""
+
+
+class PrivilegeDropError(ChildError):
+    """Becoming the job user failed or could not be verified; nothing was run."""
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _no_new_privs() -> None:
+    libc = _libc()
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.prctl(_PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1:
+        raise OSError(errno.EPERM, "no_new_privs did not stick")
+
+
+def _cap_eff() -> int:
+    with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return -1
+
+
+def _drop_to(env: SlurmHookEnv) -> None:
+    """Become ``env``'s user for good, then prove it (raises on any mismatch)."""
+    expected_groups = sorted(set(os.getgrouplist(env.user, env.gid)))
+    os.initgroups(env.user, env.gid)
+    os.setresgid(env.gid, env.gid, env.gid)
+    os.setresuid(env.uid, env.uid, env.uid)
+    if os.getresuid() != (env.uid,) * 3 or os.getresgid() != (env.gid,) * 3:
+        raise OSError(errno.EPERM, f"ids after drop are {os.getresuid()}/{os.getresgid()}")
+    if sorted(set(os.getgroups())) != expected_groups:
+        raise OSError(errno.EPERM, f"groups after drop are {os.getgroups()}, expected {expected_groups}")
+    if env.uid != 0:
+        for regain in (os.setuid, os.setgid, os.seteuid):
+            try:
+                regain(0)
+            except PermissionError:
+                continue
+            raise OSError(errno.EPERM, f"{regain.__name__}(0) succeeded after the drop")
+        if _cap_eff() != 0:
+            raise OSError(errno.EPERM, "effective capabilities remain after the drop")
+
+
+def _sanitize_process(env: SlurmHookEnv | None) -> None:
+    """Clean env, umask, cwd, rlimits and signals for a child that runs foreign-influenced code."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM, signal.SIGPIPE):
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update({"PATH": _SAFE_PATH, "LANG": "C.UTF-8"})
+    if env is not None:
+        os.environ.update({"HOME": env.home, "USER": env.user, "LOGNAME": env.user})
+    os.umask(0o077)
+    os.chdir("/")
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _redirect_stdio_and_close(keep: int) -> None:
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        if fd != null:
+            os.dup2(null, fd, inheritable=True)
+    if null > 2:
+        os.close(null)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = soft if soft != resource.RLIM_INFINITY else 65536
+    os.closerange(3, keep)
+    os.closerange(keep + 1, max(top, keep + 2))
+
+
+def _child_main(fn: Callable[[], Any], env: SlurmHookEnv | None, w: int) -> None:
+    """Never returns: writes one JSON document to ``w`` and ``_exit``s."""
+    out: dict[str, Any]
+    try:
+        os.setpgid(0, 0)
+        _redirect_stdio_and_close(w)
+        try:
+            if env is not None:
+                _drop_to(env)
+            _sanitize_process(env)
+            if env is not None:
+                _no_new_privs()
+        except OSError as exc:
+            out = {"ok": False, "kind": "drop", "type": type(exc).__name__, "errno": exc.errno,
+                   "message": f"privilege drop failed: {exc.strerror or exc}"}
+        else:
+            try:
+                out = {"ok": True, "value": fn()}
+            except BaseException as exc:
+                out = {"ok": False, "kind": "exception", "type": type(exc).__name__,
+                       "errno": getattr(exc, "errno", None), "message": str(exc)[:4000]}
+        try:
+            data = json.dumps(out).encode()
+        except (TypeError, ValueError) as exc:
+            data = json.dumps({"ok": False, "kind": "result", "type": type(exc).__name__,
+                               "message": f"result is not JSON-serialisable: {exc}"}).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(w, view):]
+    finally:
+        os._exit(0)
+
+
+def _read_bounded(r: int, deadline: float, max_bytes: int) -> tuple[bytes, bool]:
+    """Read until EOF or the deadline; returns (data, finished)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return b"".join(chunks), False
+        ready, _, _ = select.select([r], [], [], min(left, 1.0))
+        if not ready:
+            continue
+        chunk = os.read(r, 65536)
+        if not chunk:
+            return b"".join(chunks), True
+        size += len(chunk)
+        if size > max_bytes:
+            raise ChildError("result", f"child result exceeds {max_bytes} bytes")
+        chunks.append(chunk)
+
+
+def _kill_and_reap(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def run_in_child(
+    fn: Callable[[], Any],
+    *,
+    timeout_s: float,
+    drop_to: SlurmHookEnv | None = None,
+    max_result_bytes: int = _DEFAULT_MAX_RESULT,
+) -> Any:
+    """Run ``fn()`` in a forked child and return its JSON-decoded result.
+
+    Args:
+        fn: called in the child; must return a JSON-serialisable value.
+        timeout_s: hard bound; on expiry the child's process group is SIGKILLed.
+        drop_to: become this job's user first (see the module docstring); ``None`` keeps root
+            (used to bound the time of root work such as the checkpoint flush).
+        max_result_bytes: the largest result accepted from the child.
+
+    Raises:
+        ChildTimeout: the bound expired.
+        PrivilegeDropError: the drop or its verification failed (nothing ran).
+        ChildError: ``fn`` raised (``kind == "exception"``, with the child's exception type and
+            errno), the child died, or its result was too large or not JSON.
+    """
+    r, w = os.pipe()
+    deadline = time.monotonic() + timeout_s
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
+        os.close(r)
+        _child_main(fn, drop_to, w)
+    os.close(w)
+    try:
+        try:
+            data, finished = _read_bounded(r, deadline, max_result_bytes)
+        except BaseException:  # also the hook's own deadline (SIGALRM): never leave the child behind
+            _kill_and_reap(pid)
+            raise
+        if not finished:
+            _kill_and_reap(pid)
+            raise ChildTimeout("timeout", f"child did not finish within {timeout_s:.0f} s and was killed")
+    finally:
+        os.close(r)
+    while True:
+        try:
+            done, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if done:
+            break
+        if time.monotonic() > deadline:
+            _kill_and_reap(pid)
+            break
+        time.sleep(0.005)
+    try:
+        out = json.loads(data.decode())
+    except (UnicodeDecodeError, ValueError):
+        raise ChildError("crashed", "child exited without a result") from None
+    if not isinstance(out, dict):
+        raise ChildError("result", "child result is not a JSON object")
+    if out.get("ok") is True:
+        return out.get("value")
+    kind = str(out.get("kind", "exception"))
+    err = out.get("errno")
+    cls = PrivilegeDropError if kind == "drop" else ChildError
+    raise cls(kind, str(out.get("message", "child failed")), exc_type=str(out.get("type", "")),
+              err=err if isinstance(err, int) else None)
+
+
+def run_as_job_user(fn: Callable[[], Any], env: SlurmHookEnv, *, timeout_s: float = 15.0,
+                    max_result_bytes: int = _DEFAULT_MAX_RESULT) -> Any:
+    """Run ``fn()`` as the job's user (groups, gid, uid dropped and verified) within ``timeout_s``.
+
+    The caller must treat the result as untrusted user data: re-validate it.
+    See :func:`run_in_child` for the errors.
+    """
+    try:
+        pwd.getpwuid(env.uid)
+    except KeyError:
+        raise PrivilegeDropError("drop", f"uid {env.uid} has no passwd entry") from None
+    return run_in_child(fn, timeout_s=timeout_s, drop_to=env, max_result_bytes=max_result_bytes)

@@ -1,0 +1,244 @@
+"""The slurm-bt Prolog (root, every node of the job): per-job scratch and the team/project caches.
+
+``python -I -m slurm_bt.hooks.prolog [--config hooks.toml] [--site site.toml]``; the contract is
+``prolog/README.md``. Steps, each idempotent (a requeued job or a rerun finds its own work done):
+
+1. clear this job's notes on this node (``/run/slurm-bt/<node>/jobs/<id>``);
+2. skip jobs that are not slurm-bt jobs (comment ``slurm-bt:...``: a hint only, it selects work
+   for the user's own job and nothing else);
+3. scratch: ``<scratch root>/<job id>``, ``0700 <uid>:<gid>``, created fd-relative in the root-owned
+   scratch root; an entry that already exists and is not the user's is refused (P02);
+4. ``job.json`` from the job's work dir, read **as the user** in a dropped child (bounded size and
+   time), then re-validated here: it is the user's file and the child's output is untrusted;
+5. with ``cache_config.enabled``: ``<cache>/teams/<group>/{shared,projects/<project>}``,
+   ``2770 root:<group>`` with a group default ACL, where ``<group>`` is the job's team
+   (:mod:`slurm_bt.hooks.teams`);
+6. a root-owned record of what was prepared, which step 1 of the job trusts.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import sys
+
+from pydantic import ValidationError
+
+from slurm_bt.hooks.jobstate import JobStateDir
+from slurm_bt.hooks.privdrop import ChildError, ChildTimeout, PrivilegeDropError, run_as_job_user
+from slurm_bt.hooks.runner import HookContext, HookUserError, NodeFault, run_hook
+from slurm_bt.hooks.safefs import UnsafeEntry, UntrustedPath, ensure_dir_at, open_trusted_dir, set_default_group_acl
+from slurm_bt.hooks.teams import TeamError, resolve_team
+from slurm_bt.job_spec import JobSpec
+from slurm_bt.site_settings import expand_path
+
+__all__ = ["COMMENT_PREFIX", "main", "prolog_body", "read_job_spec_as_user"]
+
+COMMENT_PREFIX = "slurm-bt:"
+_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_NODE_FAULT_ERRNOS = {errno.EROFS, errno.EIO, errno.ENODEV, errno.ESTALE, errno.ENOTCONN, errno.EUCLEAN}
+
+
+def _root(ctx: HookContext, template: str) -> str:
+    env = ctx.env
+    return expand_path(template, user=env.user, uid=env.uid, home=env.home, node=env.node)
+
+
+def _open_root(path: str, what: str, *, allow_sticky: bool = False) -> int:
+    """Open an admin root; a missing or unsafe root is the node's problem, not the user's."""
+    try:
+        return open_trusted_dir(path, allow_sticky_final=allow_sticky)
+    except FileNotFoundError:
+        raise NodeFault(f"{what} {path} does not exist", "create it (root:root 0755) or mount it; "
+                        "`slurm-bt admin install` creates local roots") from None
+    except UntrustedPath as exc:
+        raise NodeFault(f"{what} is unsafe: {exc}",
+                        f"chown root:root and chmod go-w every component of {path}") from None
+    except OSError as exc:
+        raise NodeFault(f"{what} {path} is unusable: {exc.strerror}",
+                        "check the disk / shared filesystem mount") from None
+
+
+def _storage_error(exc: OSError, path: str) -> Exception:
+    if exc.errno in _NODE_FAULT_ERRNOS:
+        return NodeFault(f"{path}: {exc.strerror}", "check the disk or filesystem, then resume the node")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return HookUserError(f"{path}: {exc.strerror}; the filesystem is full, retry later or ask an admin")
+    return HookUserError(f"{path}: {exc.strerror}")
+
+
+def make_scratch(ctx: HookContext) -> str:
+    """Create the job's scratch directory (0700, the job's uid:gid) and return its path."""
+    env = ctx.env
+    root = _root(ctx, ctx.site.storage.scratch)
+    path = f"{root}/{env.job_id}"
+    fd = _open_root(root, "scratch root", allow_sticky=True)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o002:
+            ctx.log.warning(f"scratch root {root} is world-writable; make it root:root 0755 "
+                            "(users could pre-create job directories)")
+        vfs = os.fstatvfs(fd)
+        if vfs.f_flag & os.ST_RDONLY:
+            raise NodeFault(f"scratch root {root} is read-only", "remount the node-local disk read-write")
+        free_mib = vfs.f_bavail * vfs.f_frsize // (1024 * 1024)
+        if free_mib < ctx.settings.scratch_min_free_mib:
+            raise HookUserError(f"node-local scratch on {env.node} has {free_mib} MiB free, less than the "
+                                f"{ctx.settings.scratch_min_free_mib} MiB this site requires; retry later")
+        try:
+            sfd, created = ensure_dir_at(fd, env.job_id, uid=env.uid, gid=env.gid, mode=0o700)
+        except UnsafeEntry as exc:
+            raise HookUserError(f"scratch directory {path} {exc.reason}; refusing to use it") from None
+        except OSError as exc:
+            raise _storage_error(exc, path) from None
+        os.close(sfd)
+        ctx.notes.append("scratch=" + ("created" if created else "existing"))
+        return path
+    finally:
+        os.close(fd)
+
+
+def read_job_spec_as_user(ctx: HookContext) -> JobSpec:
+    """Read ``<work dir>/job.json`` as the job user and validate it for this job.
+
+    Raises:
+        HookUserError: unreadable, too large, slow, invalid, or written for another user.
+        NodeFault: becoming the user failed (NSS or kernel problem on this node).
+    """
+    env = ctx.env
+    work = env.untrusted_work_dir
+    if not work.startswith("/") or "\n" in work:
+        raise HookUserError(f"the job's work directory {work!r} is not an absolute path")
+    path = work.rstrip("/") + "/job.json"
+    limit = ctx.settings.job_json_max_bytes
+
+    def read() -> str:
+        import stat as _stat
+
+        # O_NONBLOCK: a FIFO planted as job.json must not hang us. Following symlinks is fine:
+        # this runs as the user, who can only read what they could read anyway.
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            raise ValueError(exc.strerror) from None
+        try:
+            st = os.fstat(fd)
+            if not _stat.S_ISREG(st.st_mode):
+                raise ValueError("is not a regular file")
+            if st.st_size > limit:
+                raise ValueError(f"is {st.st_size} bytes, more than the {limit}-byte limit")
+            data = os.read(fd, limit + 1)
+            if len(data) > limit:
+                raise ValueError(f"is larger than the {limit}-byte limit")
+            return data.decode("utf-8")
+        finally:
+            os.close(fd)
+
+    try:
+        text = run_as_job_user(read, env, timeout_s=ctx.budget(ctx.settings.user_step_timeout_s),
+                               max_result_bytes=2 * limit + 4096)
+    except PrivilegeDropError as exc:
+        raise NodeFault(f"cannot become user {env.user} (uid {env.uid}): {exc}",
+                        "check NSS (passwd/group lookups) on this node") from None
+    except ChildTimeout:
+        raise HookUserError(f"reading {path} as {env.user} did not finish in time (slow home filesystem?)") from None
+    except ChildError as exc:
+        raise HookUserError(f"cannot read {path} as {env.user}: {exc}") from None
+    if not isinstance(text, str) or len(text.encode()) > limit:
+        raise HookUserError(f"{path} is not a readable job spec")
+    try:
+        spec = JobSpec.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise HookUserError(f"{path} is not a valid slurm-bt job spec ({exc.error_count()} problems, "
+                            f"first: {loc}: {first['msg']}); resubmit with bt-sbatch") from None
+    if spec.context.uid != env.uid or spec.context.user != env.user:
+        raise HookUserError(f"{path} was written for {spec.context.user!r} (uid {spec.context.uid}) but the "
+                            f"job runs as {env.user!r} (uid {env.uid}); refusing it")
+    if not _PROJECT.match(spec.project_id) or spec.project_id in (".", ".."):
+        raise HookUserError(f"{path}: project id {spec.project_id!r} is not a safe directory name")
+    return spec
+
+
+def make_caches(ctx: HookContext, spec: JobSpec) -> dict[str, object]:
+    """Create the team and project caches (2770 root:<team group>); returns the record fields."""
+    env = ctx.env
+    try:
+        team = resolve_team(env, ctx.settings)
+    except TeamError as exc:
+        raise HookUserError(str(exc)) from None
+    root = _root(ctx, ctx.site.storage.cache)
+    fd = _open_root(root, "shared cache root")
+    acl = True
+    opened: list[int] = [fd]
+    where = root
+    try:
+        def step(parent: int, name: str, uid: int, gid: int, mode: int) -> int:
+            nonlocal where
+            where = f"{where}/{name}"
+            try:
+                child, _ = ensure_dir_at(parent, name, uid=uid, gid=gid, mode=mode)
+            except UnsafeEntry as exc:
+                raise HookUserError(f"cache directory {where} {exc.reason}; refusing to use it "
+                                    "(an admin must remove or fix it)") from None
+            except OSError as exc:
+                raise _storage_error(exc, where) from None
+            opened.append(child)
+            return child
+
+        teams = step(fd, "teams", 0, 0, 0o755)
+        team_fd = step(teams, team.name, 0, team.gid, 0o2750)
+        shared = step(team_fd, "shared", 0, team.gid, 0o2770)
+        team_cache = where
+        acl = set_default_group_acl(shared) and acl
+        where = f"{root}/teams/{team.name}"
+        projects = step(team_fd, "projects", 0, team.gid, 0o2750)
+        project = step(projects, spec.project_id, 0, team.gid, 0o2770)
+        acl = set_default_group_acl(project) and acl
+        os.utime(project)  # "last used" for `slurm-bt cache summarize` (atime is unreliable)
+        project_cache = where
+    finally:
+        for o in reversed(opened):
+            os.close(o)
+    if not acl:
+        ctx.log.warning(f"{root} has no POSIX ACL support: team members must use umask 0007 to share files")
+    ctx.notes.append(f"team={team.name}")
+    return {"team": team.name, "team_gid": team.gid, "cache_root": root, "team_cache": team_cache,
+            "project_cache": project_cache, "group_acl": acl}
+
+
+def prolog_body(ctx: HookContext) -> None:
+    """The prolog's work (see the module docstring); raises the runner's exception classes."""
+    env = ctx.env
+    ctx.phase = "reset-notes"
+    state = JobStateDir(env, ctx.state_root)
+    state.reset()
+    if not env.untrusted_comment.startswith(COMMENT_PREFIX):
+        ctx.notes.append("not a slurm-bt job")
+        return
+    ctx.phase = "scratch"
+    scratch = make_scratch(ctx)
+    record: dict[str, object] = {"scratch": scratch}
+    ctx.phase = "job-spec"
+    spec = read_job_spec_as_user(ctx)
+    record["project_id"] = spec.project_id
+    if spec.cache.enabled:
+        ctx.phase = "caches"
+        record.update(make_caches(ctx, spec))
+    ctx.phase = "record"
+    state.write_record(record)
+
+
+def _record_user_error(ctx: HookContext, reason: str) -> None:
+    JobStateDir(ctx.env, ctx.state_root).write_error(reason)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -I -m slurm_bt.hooks.prolog``."""
+    return run_hook("prolog", prolog_body, _record_user_error, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

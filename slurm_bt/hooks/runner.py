@@ -1,0 +1,290 @@
+"""The exit-code policy every slurm-bt hook runs under.
+
+Slurm turns *any* non-zero Prolog exit into a drained node and a held job, and a non-zero Epilog
+into a drained node (slurm-facts.md §1.5); it waits forever unless ``PrologEpilogTimeout`` is set
+(§1.4). So each hook body runs inside :func:`run_hook`, which
+
+* reads the trusted environment once (:class:`~slurm_bt.hooks.env.SlurmHookEnv`) and the root-owned
+  policy and site files;
+* arms an internal deadline (``deadline_s``, below ``PrologEpilogTimeout``) with ``SIGALRM``;
+* classifies every outcome:
+
+  ======================  =========================================================  ==========
+  outcome                 what happens                                               exit code
+  ======================  =========================================================  ==========
+  success                 one line in the hook log                                   0
+  :class:`HookUserError`  prolog: reason written to ``/run/slurm-bt/<node>/jobs/<id>/  0
+                          prolog-error``; the job's step 1 prints it and fails
+  :class:`NodeFault`      ``slurm-bt <hook> on <node>: DRAIN: <what>; fix: <how>`` on  1
+                          stderr (slurmd logs it) and in the hook log and
+                          ``/run/slurm-bt/<node>/last-fault`` (``admin doctor``)
+  internal deadline       node fault ("exceeded its deadline in <phase>")            1
+  any other exception     a bug: prolog fails *the job* ("internal error"), epilog   0
+                          logs it; never drains the cluster for a bug
+  ======================  =========================================================  ==========
+
+* stays quiet: nothing on stdout, diagnostics in a root-owned log (``/var/log/slurm-bt/hooks.log``,
+  0600), stderr only for node faults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from slurm_bt.hooks.config import HookConfigError, HookSettings, load_hook_settings, load_trusted_site
+from slurm_bt.hooks.env import HookEnvError, SlurmHookEnv
+from slurm_bt.hooks.safefs import ensure_dir_at, open_trusted_dir, write_file_at
+from slurm_bt.hooks.status import STATE_ROOT
+from slurm_bt.site_settings import SiteSettings
+
+__all__ = [
+    "HookContext",
+    "HookDeadline",
+    "HookLog",
+    "HookUserError",
+    "NodeFault",
+    "run_hook",
+]
+
+
+class HookUserError(Exception):
+    """A problem caused by the job's user or input: fail this job with ``reason``, keep the node."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NodeFault(Exception):
+    """Something is wrong with this node: drain it, saying what broke and how to fix it."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(f"{what}; fix: {fix}")
+        self.what = what
+        self.fix = fix
+
+
+class HookDeadline(BaseException):
+    """The hook's internal deadline expired (raised from the SIGALRM handler).
+
+    A ``BaseException`` so that ``except Exception`` in hook-point code cannot swallow it.
+    """
+
+
+class HookLog:
+    """Append-only, root-owned log: one ``os.write`` per record, so concurrent hooks do not interleave.
+
+    If the log cannot be opened the records go to stderr, which slurmd keeps only at debug level on
+    success (slurm-facts.md §1.9) but at error level on failure.
+    """
+
+    def __init__(self, path: str, tag: str) -> None:
+        self.tag = tag
+        self.fd = 2
+        try:
+            self.fd = _open_log(path)
+        except OSError as exc:
+            self.fd = 2
+            self.write("WARN", f"cannot open log {path}: {exc}; logging to stderr")
+
+    def write(self, level: str, message: str) -> None:
+        """Write one record (multi-line messages stay one write)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        line = f"{stamp} {level} {self.tag} {message}".rstrip() + "\n"
+        try:
+            os.write(self.fd, line.encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+    def info(self, message: str) -> None:
+        """An INFO record."""
+        self.write("INFO", message)
+
+    def warning(self, message: str) -> None:
+        """A WARN record."""
+        self.write("WARN", message)
+
+    def error(self, message: str) -> None:
+        """An ERROR record."""
+        self.write("ERROR", message)
+
+    def close(self) -> None:
+        """Close the log file (not stderr)."""
+        if self.fd > 2:
+            os.close(self.fd)
+            self.fd = 2
+
+
+def _open_log(path: str) -> int:
+    parent, _, name = path.rpartition("/")
+    grand, _, leaf = parent.rpartition("/")
+    gfd = open_trusted_dir(grand or "/")
+    try:
+        dfd, _ = ensure_dir_at(gfd, leaf, uid=0, gid=0, mode=0o700)
+    finally:
+        os.close(gfd)
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(name, flags, 0o600, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+@dataclass
+class HookContext:
+    """What a hook body gets.
+
+    Attributes:
+        env: the trusted job identity.
+        settings: the hook policy.
+        site: the site settings (storage roots).
+        log: the hook log.
+        started: ``time.monotonic()`` at start.
+        deadline: ``time.monotonic()`` value of the internal deadline.
+        state_root: root of the job-keyed notes (``/run/slurm-bt``; tests override it).
+        phase: the current phase, named in deadline and crash reports.
+        notes: short facts logged in the final line (``scratch=created`` ...).
+    """
+
+    env: SlurmHookEnv
+    settings: HookSettings
+    site: SiteSettings
+    log: HookLog
+    started: float
+    deadline: float
+    state_root: str = STATE_ROOT
+    phase: str = "start"
+    notes: list[str] = field(default_factory=list)
+
+    def remaining(self) -> float:
+        """Seconds left before the internal deadline."""
+        return self.deadline - time.monotonic()
+
+    def budget(self, want_s: float, reserve_s: float = 5.0) -> float:
+        """``want_s`` capped so that ``reserve_s`` stays for the rest of the hook (never negative)."""
+        return max(0.0, min(want_s, self.remaining() - reserve_s))
+
+
+def _alarm(_signum: int, _frame: FrameType | None) -> None:
+    raise HookDeadline()
+
+
+def _record_fault(state_root: str, node: str, line: str) -> None:
+    """Leave the last node fault where ``slurm-bt admin doctor`` shows it (best effort)."""
+    with contextlib.suppress(Exception):  # the fault itself is already on stderr and in the log
+        from slurm_bt.hooks.jobstate import open_node_state
+
+        fd = open_node_state(node, state_root)
+        try:
+            write_file_at(fd, "last-fault", (line + "\n").encode(), mode=0o644)
+        finally:
+            os.close(fd)
+
+
+def run_hook(
+    kind: str,
+    body: Callable[[HookContext], None],
+    on_user_error: Callable[[HookContext, str], None] | None,
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    state_root: str = STATE_ROOT,
+) -> int:
+    """Run a hook body under the exit-code policy (module docstring) and return the exit code.
+
+    Args:
+        kind: ``prolog`` or ``epilog`` (used in messages).
+        body: the hook's work.
+        on_user_error: records a :class:`HookUserError` for the job (the prolog writes the status
+            file); ``None`` only logs it. If recording fails, that is a node fault.
+        argv: ``--config PATH`` (hook policy) and ``--site PATH`` (site file); from the wrapper.
+        environ: the hook environment (``os.environ`` by default).
+        state_root: root of the job-keyed notes (tests use a temporary directory).
+    """
+    started = time.monotonic()
+    parser = argparse.ArgumentParser(prog=f"slurm-bt-{kind}", add_help=False)
+    parser.add_argument("--config", type=Path, default=None)
+    parser.add_argument("--site", type=Path, default=None)
+    try:
+        args, _ = parser.parse_known_args(list(argv) if argv is not None else sys.argv[1:])
+    except SystemExit:
+        args = argparse.Namespace(config=None, site=None)
+    env_map = os.environ if environ is None else environ
+    node = env_map.get("SLURMD_NODENAME", "?")[:64]
+
+    def fault(log: HookLog, what: str, fix: str) -> int:
+        line = f"slurm-bt {kind} on {node}: DRAIN: {what}; fix: {fix}"
+        log.error(line)
+        print(line, file=sys.stderr, flush=True)
+        _record_fault(state_root, node, line)
+        return 1
+
+    config_error: HookConfigError | None = None
+    settings = HookSettings()
+    site = SiteSettings()
+    try:
+        settings = load_hook_settings(args.config)
+        site = load_trusted_site(args.site)
+    except HookConfigError as exc:
+        config_error = exc
+    log = HookLog(settings.log_file, f"{kind}[{os.getpid()}]")
+    if config_error is not None:
+        code = fault(log, str(config_error), config_error.fix)
+        log.close()
+        return code
+    try:
+        try:
+            env = SlurmHookEnv.from_environ(env_map)
+        except HookEnvError as exc:
+            return fault(log, f"invalid hook environment: {exc}",
+                         "run this only as a slurmd Prolog/Epilog; check the user database (NSS) on this node")
+        log.tag = f"{kind}[{os.getpid()}] job={env.job_id} node={env.node} uid={env.uid}"
+        ctx = HookContext(env=env, settings=settings, site=site, log=log, started=started,
+                          deadline=started + settings.deadline_s, state_root=state_root)
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, settings.deadline_s)
+        try:
+            try:
+                body(ctx)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except HookUserError as exc:
+            log.warning(f"job refused in phase {ctx.phase}: {exc.reason}")
+            if on_user_error is not None:
+                try:
+                    on_user_error(ctx, exc.reason)
+                except Exception as rec_exc:
+                    return fault(log, f"cannot record the job failure ({rec_exc}) for: {exc.reason}",
+                                 f"check that {state_root} is writable by root")
+            return 0
+        except NodeFault as exc:
+            return fault(log, exc.what, exc.fix)
+        except HookDeadline:
+            return fault(log, f"{kind} exceeded its {settings.deadline_s:.0f} s deadline in phase {ctx.phase}",
+                         "check the node's disks and the shared filesystem (hung mounts), then resume the node")
+        except Exception as exc:
+            log.error(f"internal error in phase {ctx.phase}: {type(exc).__name__}: {exc}\n"
+                      + traceback.format_exc())
+            if on_user_error is not None:
+                try:
+                    on_user_error(ctx, f"internal error in the slurm-bt {kind} on {env.node} "
+                                       f"({type(exc).__name__}); an admin can find details in {settings.log_file}")
+                except Exception:
+                    return fault(log, f"internal error and cannot record it: {exc}", f"see {settings.log_file}")
+            return 0
+        finally:
+            signal.signal(signal.SIGALRM, previous)
+        log.info(f"ok in {time.monotonic() - started:.3f} s" + (": " + ", ".join(ctx.notes) if ctx.notes else ""))
+        return 0
+    finally:
+        log.close()

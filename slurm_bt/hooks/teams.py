@@ -1,0 +1,68 @@
+"""Which Unix group owns a job's team and project caches, and whether the job's user is in it.
+
+The team model (docs/admin.md §Teams): a team is a **Unix group**. The admin maps Slurm accounts to
+groups in ``hooks.toml`` (``[team_groups]``); a job whose account is not mapped uses its primary
+group (``SLURM_JOB_GID``). Membership comes from ``getgrouplist(user, gid)`` on the node, never from
+the job's config: ``team_name`` in a truss config and the account string are user input
+(threats-and-faults.md P04, CVE-2018-10995: authorise from numeric ids).
+
+Why groups and not accounts: the kernel enforces groups (``2770 root:<group>`` directories give
+members access and everyone else ``EACCES``), while an account is only a string in slurmdbd that
+any user may name at submit time unless ``AccountingStorageEnforce`` is set.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import re
+from dataclasses import dataclass
+
+from slurm_bt.hooks.config import HookSettings
+from slurm_bt.hooks.env import SlurmHookEnv
+
+__all__ = ["Team", "TeamError", "resolve_team"]
+
+_SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+class TeamError(ValueError):
+    """The job cannot use the team its account maps to (a user-level problem: the job fails)."""
+
+
+@dataclass(frozen=True)
+class Team:
+    """A job's team: the Unix group name (also the cache directory name) and its gid."""
+
+    name: str
+    gid: int
+    via_account: bool
+
+
+def resolve_team(env: SlurmHookEnv, settings: HookSettings) -> Team:
+    """The team group of a job, after checking that the job's user belongs to it.
+
+    Raises:
+        TeamError: the mapped group does not exist here, its name cannot be a directory name, or
+            the user is not a member.
+    """
+    account = env.untrusted_account
+    mapped = settings.team_groups.get(account) if account else None
+    if mapped is not None:
+        try:
+            gr = grp.getgrnam(mapped)
+        except KeyError:
+            raise TeamError(f"account {account!r} maps to Unix group {mapped!r}, which does not exist on "
+                            f"node {env.node}; ask an admin to fix [team_groups] in hooks.toml") from None
+    else:
+        try:
+            gr = grp.getgrgid(env.gid)
+        except KeyError:
+            raise TeamError(f"the job's primary group {env.gid} has no name on node {env.node}; "
+                            "ask an admin to map your account to a team group") from None
+    if not _SAFE.match(gr.gr_name):
+        raise TeamError(f"group name {gr.gr_name!r} cannot be used as a cache directory name")
+    if gr.gr_gid not in os.getgrouplist(env.user, env.gid):
+        raise TeamError(f"user {env.user} is not a member of group {gr.gr_name!r}, which owns the team cache "
+                        f"of account {account!r}; ask an admin to add you, or submit with another account")
+    return Team(name=gr.gr_name, gid=gr.gr_gid, via_account=mapped is not None)

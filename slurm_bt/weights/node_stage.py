@@ -1,0 +1,453 @@
+"""Node side of weights delivery: cluster cache → node cache → the job's read-only views.
+
+Two callers, one per privilege domain (threats-and-faults.md §3.1):
+
+* **The root prolog** calls :func:`stage_for_job` on every node of the job (hooks engineer:
+  ``slurm_bt.hooks.prolog``). It copies the job's blobs from the cluster cache into the root-owned
+  node cache (hashed as written, unless the site trusts the root-owned shared tier), takes a lease
+  per entry, links ``<node_cache>/jobs/<job_id>/w<i>`` (what container runtimes bind) and leaves a
+  root-owned ``jobs/<job_id>/weights.json`` saying which tier served what, in how long. The
+  manifests come from the user's job dir, so the prolog reads them *as the user*
+  (:func:`load_job_manifests` in a dropped child) and this function re-validates them.
+  Authorization (R8): an entry is staged only if it is complete in the requester's team tier or the
+  shared tier; nothing reaches those without a staging job that listed the source with the
+  requester's (or a teammate's) credentials, and whoever published it held the bytes anyway.
+* **Step 1 of the job** (``slurm_bt.node.prepare``, as the user) calls :func:`prepare_job_weights`.
+  With the prolog's record it uses the node-cache snapshots. Without it (a cluster whose prolog does
+  not stage weights yet) it falls back to the **cluster cache snapshot** itself: the user cannot
+  write the root-owned node cache, so there is no node tier, and each start reads from the shared
+  filesystem (``cluster-direct``). Files in that snapshot written by anyone but root or the user are
+  re-hashed first (a teammate could rewrite a blob they own); extra or missing entries are refused.
+
+Host jobs (``container_runtime = "none"``) get a per-job private mount namespace: step 1 writes the
+bubblewrap argv (:func:`slurm_bt.weights.job_view.bwrap_argv`) to the job's private runtime dir and
+``node_entry.sh`` re-executes itself under it, so each snapshot is ``--ro-bind``-mounted at its
+``mount_location`` for this job only. Without a usable bwrap, ``BT_WEIGHTS_<i>`` points at the
+snapshot path (read-only by permissions, not at ``mount_location``) and the log says so.
+Every job also gets ``BT_WEIGHTS_<i>`` = where source ``i`` is visible.
+
+Multi-node jobs: every node stages the same pinned manifests (they come from the job dir, written
+once by the staging job); with ``PrologFlags=DeferBatch`` the batch step starts only after every
+node's prolog, and in the fallback step 2 starts only after step 1 succeeded on every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import stat
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from slurm_bt.atomic import write_file_atomic
+from slurm_bt.errors import RuntimeFailure
+from slurm_bt.weights.cache_layout import sha256_fd
+from slurm_bt.weights.manifest import Manifest
+
+if TYPE_CHECKING:
+    from slurm_bt.job_spec import JobSpec
+    from slurm_bt.site_settings import SiteSettings
+    from slurm_bt.weights.cluster_cache import ClusterCache
+    from slurm_bt.weights.node_cache import NodeCache
+    from slurm_bt.weights.plan import WeightsPlan
+
+__all__ = [
+    "NODE_RECORD",
+    "PreparedWeights",
+    "WeightsJobError",
+    "epilog_enforce_lru",
+    "epilog_release_leases",
+    "load_job_manifests",
+    "prepare_job_weights",
+    "read_node_record",
+    "stage_for_job",
+]
+
+NODE_RECORD = "weights.json"
+_MAX_MANIFEST = 64 << 20
+
+
+class WeightsJobError(RuntimeFailure):
+    """This job's weights cannot be delivered on this node (user-level: fail the job, keep the node)."""
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+
+
+def _trusted_site() -> SiteSettings:
+    try:
+        from slurm_bt.hooks.config import load_trusted_site
+    except ImportError:  # hooks package absent: the default site file, read as usual
+        from slurm_bt.site_settings import load_site_settings
+
+        return load_site_settings(environ={})
+    return load_trusted_site()
+
+
+def _node_cache(site: SiteSettings, environ: Mapping[str, str]) -> NodeCache:
+    from slurm_bt.site_settings import expand_path
+    from slurm_bt.weights.node_cache import NodeCache
+
+    uid = int(environ.get("SLURM_JOB_UID", os.getuid()))
+    user = environ.get("SLURM_JOB_USER") or pwd.getpwuid(uid).pw_name
+    root = expand_path(site.storage.node_cache, user=user, uid=uid, home=_home(uid),
+                       node=environ["SLURMD_NODENAME"])
+    return NodeCache(Path(root), site.weights.node_cache_max_bytes, reserve_bytes=site.weights.node_cache_reserve_bytes)
+
+
+def _home(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return "/nonexistent"
+
+
+def _root_owned_readonly(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022
+
+
+def _tiers_for_node(site: SiteSettings, base: str, team: str) -> tuple[ClusterCache, ClusterCache]:
+    """(shared, team): the shared tier first (curated, may be trusted to copy without hashing)."""
+    from slurm_bt.weights.cluster_cache import ClusterCache
+
+    shared_root = Path(base) / "shared"
+    trusted = site.weights.verify_node_copy == "team" and _root_owned_readonly(shared_root)
+    return ClusterCache(shared_root, trusted_copy=trusted), ClusterCache.for_team(Path(base), team)
+
+
+def _source_matches(declared: str, manifest: Manifest) -> bool:
+    """The manifest belongs to the declared source (the Hub may re-case ids; one-object prefixes re-root)."""
+    from slurm_bt.weights.sources.uri import parse_source_uri
+
+    want = parse_source_uri(declared).canonical
+    got = manifest.source
+    if manifest.kind == "hf":
+        return want.lower() == got.lower()
+    return want == got or want.startswith(got + "/")
+
+
+def _read_root_json(path: Path) -> Any:
+    """JSON from a regular file only root could have written, else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o022:
+            return None
+        raw = os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def read_node_record(node_root: str | Path, job_id: str) -> list[dict[str, Any]] | None:
+    """The prolog's root-owned record of what it staged for ``job_id`` on this node, or None."""
+    data = _read_root_json(Path(node_root) / "jobs" / job_id / NODE_RECORD)
+    if isinstance(data, dict) and isinstance(data.get("weights"), list):
+        return [e for e in data["weights"] if isinstance(e, dict)]
+    return None
+
+
+# -- root: the prolog ------------------------------------------------------------------------------------
+
+
+def load_job_manifests(job_dir: str, count: int) -> list[str]:
+    """Read ``<job_dir>/weights/<i>.json`` for ``i < count``; run this **as the job user**.
+
+    Returns the raw texts (JSON-able, for a privilege-dropped child's result pipe); the root side
+    validates them in :func:`stage_for_job`.
+
+    Raises:
+        WeightsJobError: a manifest is missing (the staging job did not finish), too big or unreadable.
+    """
+    from slurm_bt.weights.plan import job_manifest_path
+
+    out = []
+    for i in range(count):
+        path = job_manifest_path(job_dir, i)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            raise WeightsJobError(f"{path}: {exc.strerror}: the weights of job.weights[{i}] were not staged "
+                                  "(did the staging job finish?)") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise WeightsJobError(f"{path}: not a regular file")
+            raw = os.read(fd, _MAX_MANIFEST + 1)
+        finally:
+            os.close(fd)
+        if len(raw) > _MAX_MANIFEST:
+            raise WeightsJobError(f"{path}: larger than {_MAX_MANIFEST} bytes")
+        out.append(raw.decode("utf-8", "replace"))
+    return out
+
+
+def stage_for_job(
+    environ: Mapping[str, str],
+    spec: JobSpec,
+    manifests: Sequence[str | bytes],
+    *,
+    team: str,
+    site: SiteSettings | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """The prolog's weights step on one node (as root); idempotent (a rerun or requeue hits).
+
+    Args:
+        environ: the validated hook variables (``SlurmHookEnv.to_environ()``): ``SLURM_JOB_ID``,
+            ``SLURM_JOB_UID``, ``SLURM_JOB_USER``, ``SLURMD_NODENAME``.
+        spec: the job spec, as the prolog read and re-validated it (as the user).
+        manifests: :func:`load_job_manifests`' result, obtained in a child running as the user.
+        team: the job's team as :func:`slurm_bt.hooks.teams.resolve_team` decided (trusted); it
+            names the cluster tier ``<cluster_cache>/teams/<team>``.
+        site: trusted site settings (default: the root-owned site file).
+        log: where to send one line per source (default: nowhere).
+
+    Returns:
+        One entry per source (index, source, manifest_id, mount_location, tier ``node-hit`` or
+        ``cluster-hit``, bytes, seconds, path); also written to the root-owned record.
+
+    Raises:
+        WeightsJobError: a manifest is invalid, belongs to another source, or is not complete in the
+            job's team tier or the shared tier: **fail the job, not the node** (HookUserError).
+        CacheFullError, CacheIntegrityError, CacheLockTimeout: also job failures (the cache is left
+            as it was; a corrupt cluster blob is never served).
+        StorageError / OSError: I/O on the node cache; EIO/EROFS/ENOSPC-class errors there are node
+            faults, the prolog's classification applies.
+    """
+    from slurm_bt.site_settings import expand_path
+    from slurm_bt.weights.job_view import link_job_weights
+
+    site = site or _trusted_site()
+    job_id = environ["SLURM_JOB_ID"]
+    if len(manifests) != len(spec.weights):
+        raise WeightsJobError(f"job declares {len(spec.weights)} weights sources but {len(manifests)} manifests "
+                              "were found")
+    uid = int(environ.get("SLURM_JOB_UID", "0"))
+    base = expand_path(site.storage.cluster_cache, user=environ.get("SLURM_JOB_USER", ""), uid=uid, home=_home(uid))
+    shared, team_tier = _tiers_for_node(site, base, team)
+    node = _node_cache(site, environ)
+    node.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+
+    def authorize(m: Manifest) -> None:
+        if not (team_tier.has(m) or shared.has(m)):
+            raise WeightsJobError(f"{m.source}@{m.revision[:12]} is not complete in the cluster cache of team "
+                                  f"{team!r} or the shared tier; only weights staged for your team are served")
+
+    entries: list[dict[str, Any]] = []
+    for i, (w, raw) in enumerate(zip(spec.weights, manifests, strict=True)):
+        try:
+            m = Manifest.model_validate_json(raw)
+        except ValueError as exc:
+            raise WeightsJobError(f"job.weights[{i}]: invalid manifest ({type(exc).__name__})") from None
+        if not _source_matches(w.source, m):
+            raise WeightsJobError(f"job.weights[{i}]: the staged manifest is for {m.source}, not {w.source}")
+        t0 = time.monotonic()
+        hit = node.is_ready(m)
+        node.stage(m, [shared, team_tier], job_id, authorize=authorize)
+        link = link_job_weights(node, job_id, i, m)
+        entry = {"index": i, "source": f"{m.source}@{m.revision[:12]}", "manifest_id": m.manifest_id,
+                 "mount_location": w.mount_location, "tier": "node-hit" if hit else "cluster-hit",
+                 "bytes": m.total_bytes, "seconds": round(time.monotonic() - t0, 4), "path": str(link)}
+        entries.append(entry)
+        if log is not None:
+            log(_line(entry))
+    job_dir = node.layout.jobs / job_id
+    job_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    write_file_atomic(job_dir / NODE_RECORD, json.dumps({"job_id": job_id, "weights": entries}).encode(), mode=0o644)
+    return entries
+
+
+def _line(e: Mapping[str, Any]) -> str:
+    from slurm_bt.weights.stage_job import format_bytes
+
+    return f"slurm-bt weights: {e['source']} {e['tier']} {format_bytes(e['bytes'])} in {e['seconds']:.2f} s"
+
+
+def epilog_release_leases(environ: Mapping[str, str], deadline_s: float) -> None:
+    """Epilog hook point: unlink the job's views and drop its leases on this node (idempotent)."""
+    from slurm_bt.weights.job_view import unlink_job_weights
+
+    node = _node_cache(_trusted_site(), environ)
+    job_id = environ["SLURM_JOB_ID"]
+    if not node.root.is_dir():
+        return
+    unlink_job_weights(node, job_id)
+    node.release(job_id)
+
+
+def epilog_enforce_lru(environ: Mapping[str, str], deadline_s: float) -> None:
+    """Epilog hook point: evict lease-free entries LRU until blob usage is under the site's cap."""
+    site = _trusted_site()
+    node = _node_cache(site, environ)
+    if not node.root.is_dir():
+        return
+    node.gc_temp()
+    if node.usage_bytes() > node.max_bytes:
+        node.execute(node.plan_eviction(node.max_bytes))
+
+
+# -- user: step 1 of the job -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreparedWeights:
+    """What step 1 hands on: extra environment and, for host jobs, the bubblewrap argv file."""
+
+    env: list[tuple[str, str]]
+    bwrap_file: Path | None
+    entries: list[dict[str, Any]]
+
+
+def _verify_snapshot_for_user(cache: ClusterCache, m: Manifest) -> None:
+    """Refuse a cluster snapshot that is not exactly the manifest (fallback path, as the user).
+
+    Every path must be a regular file of the pinned size and nothing else may be in the tree; files
+    owned by neither root nor the user (a teammate could rewrite a blob they own) are re-hashed.
+    """
+    snap = cache.snapshot_path(m)
+    want = {f.path: f for f in m.files}
+    me = os.getuid()
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(snap):
+        rel_dir = os.path.relpath(dirpath, snap)
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            f = want.get(rel)
+            st = os.lstat(os.path.join(dirpath, name))
+            if f is None or not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
+                raise WeightsJobError(f"{snap}: {rel} does not match the manifest of {m.source}; refusing the "
+                                      "cluster cache entry (ask an admin to remove it)")
+            if st.st_uid not in (0, me):
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    actual, _ = sha256_fd(fd)
+                finally:
+                    os.close(fd)
+                if actual != f.sha256:
+                    raise WeightsJobError(f"{snap}: {rel}: sha256 {actual} differs from the pinned {f.sha256}; "
+                                          "refusing the corrupted cluster cache entry")
+            seen.add(rel)
+    if seen != set(want):
+        missing = sorted(set(want) - seen)[:3]
+        raise WeightsJobError(f"{snap}: incomplete snapshot of {m.source} (missing {', '.join(missing)})")
+
+
+def _fallback_entries(spec: JobSpec, plan: WeightsPlan, node_name: str) -> list[dict[str, Any]]:
+    from slurm_bt.weights.plan import cluster_tiers, job_manifest_path
+
+    team, shared = cluster_tiers(plan.cluster_cache, plan.team)
+    entries = []
+    for i, w in enumerate(spec.weights):
+        t0 = time.monotonic()
+        path = job_manifest_path(spec.context.job_dir, i)
+        try:
+            m = Manifest.model_validate_json(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise WeightsJobError(f"{path}: {exc}: the weights of job.weights[{i}] were not staged") from None
+        tier = next((c for c in (team, shared) if c.has(m) and c.snapshot_path(m).is_dir()), None)
+        if tier is None:
+            raise WeightsJobError(f"job.weights[{i}] {m.source}: not in the cluster cache (team {plan.team!r} "
+                                  "or shared); was it evicted? resubmit to stage it again")
+        _verify_snapshot_for_user(tier, m)
+        entries.append({"index": i, "source": f"{m.source}@{m.revision[:12]}", "manifest_id": m.manifest_id,
+                        "mount_location": w.mount_location, "tier": "cluster-direct", "bytes": m.total_bytes,
+                        "seconds": round(time.monotonic() - t0, 4), "path": str(tier.snapshot_path(m)),
+                        "node": node_name})
+    return entries
+
+
+def prepare_job_weights(
+    spec: JobSpec,
+    environ: Mapping[str, str],
+    *,
+    runtime_dir: str,
+    workdir: str,
+    out: IO[str] | None = None,
+) -> PreparedWeights:
+    """Step 1's weights work on this node (as the user); see the module docstring.
+
+    Raises:
+        WeightsJobError: nothing usable was staged for this job (the job fails with this reason).
+    """
+    from slurm_bt.site_settings import expand_path
+    from slurm_bt.weights.job_status import write_node_status
+    from slurm_bt.weights.job_view import bwrap_argv, bwrap_usable
+    from slurm_bt.weights.plan import read_plan
+
+    out = out or sys.stderr
+    if not spec.weights:
+        return PreparedWeights([], None, [])
+    node = environ.get("SLURMD_NODENAME", "node")
+    job_id = environ["SLURM_JOB_ID"]
+    ctx = spec.context
+    node_root = expand_path(spec.storage["node_cache"], user=ctx.user, uid=ctx.uid, home=ctx.home, node=node)
+    record = read_node_record(node_root, job_id)
+    entries: list[dict[str, Any]]
+    if record is not None and len(record) == len(spec.weights):
+        entries = [dict(e, node=node) for e in record]
+        for e in entries:
+            # the link lives in a root-owned dir; resolve it so bwrap binds the snapshot itself
+            e["path"] = os.path.realpath(str(Path(node_root) / "jobs" / job_id / f"w{e['index']}"))
+    else:
+        try:
+            plan = read_plan(ctx.job_dir)
+        except (OSError, ValueError) as exc:
+            raise WeightsJobError(f"{ctx.job_dir}/weights/plan.json: {exc}") from None
+        entries = _fallback_entries(spec, plan, node)
+        if spec.container_runtime != "none":
+            raise WeightsJobError("container jobs get their weights from the node cache, which only the "
+                                  "slurm-bt prolog can fill; it did not stage this job on "
+                                  f"{node} (ask an admin to enable weights staging in the prolog)")
+    env: list[tuple[str, str]] = []
+    bwrap_file: Path | None = None
+    if spec.container_runtime == "none":
+        plan_bwrap = _plan_bwrap(ctx.job_dir)
+        if bwrap_usable(plan_bwrap):
+            mounts = [(e["path"], e["mount_location"]) for e in entries]
+            argv = bwrap_argv(mounts, ["/bin/bash", f"{ctx.job_dir}/node_entry.sh", "--in-container"],
+                              bwrap=plan_bwrap, cwd=workdir)
+            bwrap_file = Path(runtime_dir) / f"node-{environ.get('SLURM_NODEID', '0')}.bwrap"
+            write_file_atomic(bwrap_file, b"".join(a.encode() + b"\0" for a in argv), mode=0o600)
+            for e in entries:
+                e["view"] = "bwrap"
+            env += [(f"BT_WEIGHTS_{e['index']}", e["mount_location"]) for e in entries]
+        else:
+            print(f"slurm-bt weights: bubblewrap ({plan_bwrap}) is not usable on {node}: the weights are NOT at "
+                  "their mount_location; read them from $BT_WEIGHTS_<i> (read-only by permissions)",
+                  file=out, flush=True)
+            for e in entries:
+                e["view"] = "path"
+            env += [(f"BT_WEIGHTS_{e['index']}", e["path"]) for e in entries]
+    else:
+        for e in entries:
+            e["view"] = "bind"
+        env += [(f"BT_WEIGHTS_{e['index']}", e["mount_location"]) for e in entries]
+    write_node_status(ctx.job_dir, node, entries)
+    for e in entries:
+        print(_line(e) + f" on {node}", file=out, flush=True)
+    return PreparedWeights(env, bwrap_file, entries)
+
+
+def _plan_bwrap(job_dir: str) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads((Path(job_dir) / "weights" / "plan.json").read_text())
+        value = data.get("bwrap")
+        if isinstance(value, str) and value.startswith("/"):
+            return value
+    return "/usr/bin/bwrap"

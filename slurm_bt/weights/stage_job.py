@@ -1,0 +1,368 @@
+"""The staging job (a CPU job on the staging partition, as the user): mirror remote → cluster cache.
+
+``python -I -m slurm_bt.weights.stage_job <job_dir>``, submitted by ``bt-sbatch`` before the
+training job, which depends on it (``afterok``, ``--kill-on-invalid-dep=yes``). So every remote
+byte is fetched while no GPU is held, and a source error fails *this* job with a clear reason
+(the training job is then cancelled by Slurm and shows DEPLOY_FAILED), never a GPU node's prolog.
+
+Per source (``<job_dir>/weights/plan.json`` says which, pinned at submit):
+
+1. take the team tier's ``pin-<key>`` lock (single-flight: N jobs staging one source fetch it once;
+   correctness never depends on the lock, threats R7);
+2. list the source again **with the user's credentials** (the authorization check for a cache hit,
+   R8) and compare the pin key with the submit-time one: a different key means the source changed
+   since submit (objects replaced, files added) and the job fails rather than mixing versions;
+   HF sources are listed at the pinned commit, so a moved branch changes nothing (F07);
+3. if the manifest is known (published sha256s, or a trusted pin record) and complete in the team
+   or shared tier: a cluster hit, nothing is fetched;
+4. else fetch every missing file into ``blobs/`` through the verified download engine (parallel
+   ranges, pinned to ETag/generation/commit, hashed while written, published by rename), compute the
+   sha256 of files that have none published from the very bytes published, build the snapshot,
+   write the COMPLETE marker and the pin record;
+5. write ``<job_dir>/weights/<i>.json`` (the manifest every node of the job stages).
+
+Progress goes to the staging job's log (``logs/staging-<id>.out``) every few seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from slurm_bt.atomic import write_file_atomic
+from slurm_bt.errors import BtError, SourceError, StorageError
+from slurm_bt.weights.cluster_cache import ClusterCache, blob_present
+from slurm_bt.weights.job_status import write_staging_status
+from slurm_bt.weights.locks import LockOptions
+from slurm_bt.weights.manifest import Manifest, ManifestFile
+from slurm_bt.weights.plan import SourcePin, cluster_tiers, job_manifest_path, lookup_pin, pin_key, select_listing
+from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
+
+__all__ = ["StageOutcome", "ensure_team_root", "format_bytes", "main", "stage_plan", "stage_source"]
+
+_DEF_LOCK_TIMEOUT_S = 6 * 3600.0
+
+
+def format_bytes(n: float) -> str:
+    """``1.2 GB``-style sizes for log lines (decimal units, like the Baseten UI)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What staging one source did.
+
+    Attributes:
+        index: position in ``job.weights``.
+        source: pinned URI (``hf://org/repo@<commit>``, ``s3://bucket/prefix``).
+        tier: ``cluster-hit`` (nothing fetched) or ``miss`` (fetched from the origin).
+        total_bytes: bytes of the source's selected files.
+        fetched_bytes: bytes read from the origin.
+        seconds: wall time, lock wait included.
+        manifest: the final manifest.
+    """
+
+    index: int
+    source: str
+    tier: str
+    total_bytes: int
+    fetched_bytes: int
+    seconds: float
+    manifest: Manifest
+
+    def line(self) -> str:
+        """The job-log line, e.g. ``slurm-bt weights: hf://a/b@1234567 miss 1.2 GB in 4.1 s (290 MB/s)``."""
+        rate = f" ({format_bytes(self.fetched_bytes / self.seconds)}/s)" if self.fetched_bytes and self.seconds else ""
+        return (f"slurm-bt weights: {self.source} {self.tier} {format_bytes(self.total_bytes)} in "
+                f"{self.seconds:.2f} s{rate}")
+
+
+class _Progress:
+    """Counts bytes read from the origin and prints a line every ``interval_s`` while active."""
+
+    def __init__(self, label: str, total: int, out: IO[str], interval_s: float) -> None:
+        self.label, self.total, self.out, self.interval_s = label, total, out, interval_s
+        self.done = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="bt-progress")
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.print_line()
+
+    def print_line(self) -> None:
+        elapsed = max(1e-9, time.monotonic() - self._t0)
+        pct = f" {100 * self.done / self.total:.0f}%" if self.total else ""
+        print(f"slurm-bt staging: {self.label} {format_bytes(self.done)}/{format_bytes(self.total)}{pct} "
+              f"{format_bytes(self.done / elapsed)}/s", file=self.out, flush=True)
+
+    def __enter__(self) -> _Progress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _CountingStream:
+    def __init__(self, inner: Any, progress: _Progress) -> None:
+        self._inner = inner
+        self.partial = inner.partial
+        self._progress = progress
+
+    def read(self, n: int) -> bytes:
+        data: bytes = self._inner.read(n)
+        self._progress.add(len(data))
+        return data
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _CountingSource:
+    """A Source whose range streams report bytes to the progress counter."""
+
+    def __init__(self, inner: Any, progress: _Progress) -> None:
+        self._inner = inner
+        self.uri = inner.uri
+        self._progress = progress
+
+    def list_files(self) -> Any:
+        return self._inner.list_files()
+
+    def open_range(self, file: ManifestFile, start: int, end: int | None) -> _CountingStream:
+        return _CountingStream(self._inner.open_range(file, start, end), self._progress)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _make_dir(path: Path, mode: int) -> bool:
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        return False
+    os.chmod(path, mode)
+    return True
+
+
+def ensure_team_root(base: Path, team: ClusterCache) -> None:
+    """Make sure ``<base>/teams/<team>`` exists and is not someone else's (squatting, poisoning).
+
+    Admins should provision ``<base>/teams/<team>`` as ``root:<team group> 3770``
+    (docs/weights-cache.md). Where they have not (the dev cluster), the first stager creates it:
+    ``<base>`` and ``<base>/teams`` as sticky world-writable directories (1777, like ``/tmp``), the
+    team directory as ``2770`` with the user's group. An existing team directory is accepted only if
+    root, the user, or the user's group owns it and others cannot write it.
+
+    Raises:
+        StorageError: the team directory cannot be created or is not trustworthy.
+    """
+    root = team.root
+    try:
+        if not base.is_dir():
+            base.parent.mkdir(parents=True, exist_ok=True)
+            _make_dir(base, 0o1777)
+        _make_dir(base / "teams", 0o1777)
+        _make_dir(root, 0o2770)
+        st = os.lstat(root)
+    except OSError as exc:
+        raise StorageError(str(root), f"cannot create the team cache directory: {exc.strerror} (ask an admin "
+                           "to provision it as root:<team group> 3770)") from exc
+    groups = {os.getgid(), *os.getgroups()}
+    if (not stat.S_ISDIR(st.st_mode) or stat.S_IMODE(st.st_mode) & 0o002
+            or not (st.st_uid in (0, os.getuid()) or st.st_gid in groups)):
+        owner = f"uid {st.st_uid}, group {_group_name(st.st_gid)}, mode {stat.S_IMODE(st.st_mode):04o}"
+        raise StorageError(str(root), f"team cache directory is not trustworthy ({owner}); refusing to use it "
+                           "(an admin must remove it or provision it as root:<team group> 3770)")
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def stage_source(
+    pin: SourcePin,
+    team: ClusterCache,
+    shared: ClusterCache,
+    *,
+    credentials: SourceCredentials | None,
+    endpoints: SourceEndpoints,
+    options: Any = None,
+    out: IO[str] = sys.stdout,
+    progress_interval_s: float = 5.0,
+    lock_timeout_s: float = _DEF_LOCK_TIMEOUT_S,
+) -> StageOutcome:
+    """Mirror one pinned source into ``team`` (or find it complete in ``team``/``shared``).
+
+    Raises:
+        SourceError: access denied, not found, unreachable after retries, integrity failure, or
+            "source changed since submit" (the pin key differs).
+        StorageError, CacheLockTimeout: cluster-cache problems.
+    """
+    from slurm_bt.weights.download import DownloadOptions, fetch_file
+    from slurm_bt.weights.sources.base import open_source
+    from slurm_bt.weights.sources.uri import parse_source_uri
+
+    opts: DownloadOptions = options or DownloadOptions(max_files=16)  # many small files: overlap fsyncs
+    t0 = time.monotonic()
+    team.layout.ensure(dir_mode=team.dir_mode)
+    lock_opts = LockOptions(timeout_s=lock_timeout_s, log_every_s=30.0)
+    backend = open_source(parse_source_uri(pin.pinned_uri), credentials=credentials, endpoints=endpoints,
+                          options=opts.transport)
+    try:
+        with team.lock(f"pin-{pin.pin_key}", lock_opts):
+            listing = backend.list_files()  # with the user's credentials: authorization, hit or miss
+            files, revision = select_listing(listing, pin.allow_patterns, pin.ignore_patterns)
+            key = pin_key(listing.uri.kind, listing.uri.canonical, revision, files)
+            if key != pin.pin_key:
+                raise SourceError(pin.source, "source changed since submit (objects added, removed or replaced "
+                                  "after bt-sbatch pinned it); resubmit to use the new version")
+            for tier in (team, shared):
+                m = pin.manifest or lookup_pin(tier, key)
+                if m is not None and tier.has(m):
+                    return StageOutcome(pin.index, pin.pinned_uri, "cluster-hit", m.total_bytes, 0,
+                                        time.monotonic() - t0, m)
+            by_path = {f.path: f for f in listing.files}
+            remote = [by_path[f.path] for f in files]
+            total = sum(f.size for f in remote)
+            with _Progress(pin.pinned_uri, total, out, progress_interval_s) as progress:
+                counting = _CountingSource(backend, progress)
+                blobs = team.layout.blobs
+
+                def one(rf: Any) -> ManifestFile:
+                    if rf.sha256 is None:  # no published hash: the bytes we publish name the blob
+                        got = fetch_file(counting, rf, blobs, options=opts, pool=parts)
+                        return ManifestFile(path=rf.path, size=rf.size, sha256=got.sha256, etag=rf.etag)
+                    mf = ManifestFile(path=rf.path, size=rf.size, sha256=rf.sha256, etag=rf.etag)
+                    if not blob_present(team.layout, mf):
+                        with team.lock(f"blob-{rf.sha256}", lock_opts):
+                            if not blob_present(team.layout, mf):
+                                fetch_file(counting, rf, blobs, options=opts, pool=parts)
+                    return mf
+
+                with ThreadPoolExecutor(opts.max_workers, thread_name_prefix="bt-part") as parts, \
+                        ThreadPoolExecutor(opts.max_files, thread_name_prefix="bt-file") as filepool:
+                    got = list(filepool.map(one, sorted(remote, key=lambda f: -f.size)))
+                progress.print_line()
+            manifest = Manifest(kind=listing.uri.kind, source=listing.uri.canonical, revision=revision,
+                                files=tuple(got))
+            with team.lock(f"manifest-{manifest.manifest_id}", lock_opts):
+                team.add_manifest(manifest)
+            with contextlib.suppress(OSError):  # a teammate's record may sit there (sticky dir): fine
+                team.write_pin(key, manifest)
+            return StageOutcome(pin.index, pin.pinned_uri, "miss", manifest.total_bytes, progress.done,
+                                time.monotonic() - t0, manifest)
+    finally:
+        backend.close()
+
+
+def stage_plan(
+    job_dir: Path,
+    *,
+    out: IO[str] = sys.stdout,
+    credentials_for: Callable[[SourcePin], SourceCredentials | None] | None = None,
+    options: Any = None,
+    progress_interval_s: float = 5.0,
+) -> list[StageOutcome]:
+    """Stage every source of the plan in ``job_dir`` and write its final manifests.
+
+    Raises:
+        BtError: the first source that failed, with ``job.weights[i].source`` prepended by :func:`main`.
+    """
+    from slurm_bt.weights.plan import read_plan
+
+    plan = read_plan(job_dir)
+    if credentials_for is None:
+        credentials_for = _store_credentials(job_dir)
+    team, shared = cluster_tiers(plan.cluster_cache, plan.team)
+    ensure_team_root(Path(plan.cluster_cache), team)
+    outcomes = []
+    for pin in plan.sources:
+        try:
+            outcome = stage_source(pin, team, shared, credentials=credentials_for(pin), endpoints=plan.endpoints,
+                                   options=options, out=out, progress_interval_s=progress_interval_s)
+        except BtError as exc:
+            exc.weights_index = pin.index  # type: ignore[attr-defined]
+            raise
+        write_file_atomic(job_manifest_path(job_dir, pin.index), outcome.manifest.canonical_json(), mode=0o600)
+        write_staging_status(job_dir, pin.index, {
+            "index": pin.index, "source": outcome.source, "tier": outcome.tier,
+            "total_bytes": outcome.total_bytes, "fetched_bytes": outcome.fetched_bytes,
+            "seconds": round(outcome.seconds, 3), "manifest_id": outcome.manifest.manifest_id})
+        print(outcome.line(), file=out, flush=True)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _store_credentials(job_dir: Path) -> Callable[[SourcePin], SourceCredentials | None]:
+    """Credentials from the user's secret store (the store named in the job's spec)."""
+    from slurm_bt.job_spec import JobSpec
+    from slurm_bt.secrets_store import SecretStore
+    from slurm_bt.site_settings import user_path
+    from slurm_bt.weights.sources.config import credentials_from_store
+
+    spec = JobSpec.model_validate_json((job_dir / "job.json").read_bytes())
+    store = SecretStore(Path(user_path(spec.storage["secrets"])))
+
+    def get(pin: SourcePin) -> SourceCredentials | None:
+        return credentials_from_store(store, pin.auth_secret_name, pin.kind, source=pin.declared)
+
+    return get
+
+
+@contextlib.contextmanager
+def _quiet_logging() -> Iterator[None]:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="slurm-bt staging: %(message)s", stream=sys.stdout)
+    yield
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: exit 0 when every source is in the cluster cache, 1 with one reason line otherwise."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m slurm_bt.weights.stage_job JOB_DIR", file=sys.stderr)
+        return 2
+    job_dir = Path(args[0])
+    with _quiet_logging():
+        try:
+            stage_plan(job_dir)
+        except BtError as exc:
+            where = f"job.weights[{getattr(exc, 'weights_index', '?')}].source: "
+            for line in exc.lines():
+                print(f"slurm-bt staging failed: {where}{line}", file=sys.stderr, flush=True)
+            return 1
+        except (OSError, ValueError) as exc:
+            print(f"slurm-bt staging failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
