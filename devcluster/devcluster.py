@@ -414,7 +414,10 @@ def slurm_conf() -> str:
         "AccountingStorageHost=localhost",
         f"AccountingStoragePort={DBD_PORT}",
         "AccountingStorageTRES=gres/gpu",
+        # Worst case for secret-leak tests: Slurm stores every script, environment and comment.
         "AccountingStoreFlags=job_script,job_env,job_comment",
+        # What docs/admin.md recommends (and `slurm-bt admin doctor` checks): users see only their jobs.
+        "PrivateData=jobs,usage",
         "JobAcctGatherType=jobacct_gather/linux",
         "JobAcctGatherFrequency=5",
         f"Prolog={PROLOG}",
@@ -464,6 +467,7 @@ def dbd_conf(pw: str) -> str:
         f"StorageUser={DB_USER}",
         f"StoragePass={pw}",
         f"StorageLoc={DB_NAME}",
+        "PrivateData=jobs,usage",
         "",
     ])
 
