@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.servers.hf_hub import FakeHub  # noqa: E402
+from tests.servers.hf_hub import FakeHub
 
 
 def main() -> int:

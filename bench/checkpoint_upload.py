@@ -144,7 +144,7 @@ def throughput(server: SeaweedS3, work: Path, files: int, file_mib: int, reps: i
     cpu: dict[str, list[float]] = {k: [] for k in contenders}
     errors: dict[str, str] = {}
     order = [(name, rep) for rep in range(reps) for name in contenders]
-    random.Random(42).shuffle(order)  # noqa: S311 - an order, not a secret
+    random.Random(42).shuffle(order)
     for name, rep in order:
         if name in errors:
             continue

@@ -7,7 +7,7 @@ venv="${SLURM_BT_VENV:-/opt/slurm-bt/venv}"
 bash "$repo/scripts/install.sh"
 cd "$repo"
 echo "test: ruff"
-"$venv/bin/ruff" check slurm_bt tests devcluster examples
+"$venv/bin/ruff" check slurm_bt tests devcluster examples bench
 echo "test: mypy --strict"
 "$venv/bin/mypy" slurm_bt
 echo "test: pytest"
