@@ -185,18 +185,18 @@ def flush_job_checkpoints(env: Mapping[str, str], deadline_s: float, *,
     site = site or _trusted_site()
     try:
         if as_root:
-            from slurm_bt.checkpoints.privdrop import ChildTimeout, run_as_user
+            from slurm_bt.hooks.privdrop import ChildError, ChildTimeout, run_as_uid
 
             child_env = {"PATH": "/usr/bin:/bin", **{k: v for k, v in env.items() if k.startswith("SLURM")}}
             if os.environ.get("SLURM_BT_SITE_CONFIG"):
                 child_env["SLURM_BT_SITE_CONFIG"] = os.environ["SLURM_BT_SITE_CONFIG"]
             try:
-                res = run_as_user(lambda: _upload_all(child_env, job_id, node, budget, site), uid=uid, gid=gid,
-                                  timeout_s=budget, env=child_env)
+                res = run_as_uid(lambda: _upload_all(child_env, job_id, node, budget, site), uid=uid, gid=gid,
+                                 timeout_s=budget, extra_env=child_env)
             except ChildTimeout:
                 return _handoff(env, job_id, node, uid, gid, started, "time budget ran out", site)
-            except RuntimeError as exc:
-                if "DeadlineExceeded" in str(exc):
+            except ChildError as exc:
+                if exc.exc_type == DeadlineExceeded.__name__:
                     return _handoff(env, job_id, node, uid, gid, started, "time budget ran out", site)
                 return _handoff(env, job_id, node, uid, gid, started, f"upload failed: {exc}", site)
         else:

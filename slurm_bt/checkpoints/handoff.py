@@ -70,7 +70,7 @@ def resume_handoffs(*, root: Path | None = None, node: str | None = None, timeou
         timeout_s: per-entry limit for the upload child.
         keep: leave entries in place after a successful upload (debugging).
     """
-    from slurm_bt.checkpoints.privdrop import ChildTimeout, run_as_user
+    from slurm_bt.hooks.privdrop import ChildError, run_as_uid
 
     if root is None:
         root = Path(handoff_root(load_site_settings().storage.model_dump(), node))
@@ -96,9 +96,9 @@ def resume_handoffs(*, root: Path | None = None, node: str | None = None, timeou
             env["SLURM_BT_SITE_CONFIG"] = os.environ["SLURM_BT_SITE_CONFIG"]
         started = time.monotonic()
         try:
-            res = run_as_user(lambda data=data, record=record: _resume_one(data, record),  # type: ignore[misc]
-                              uid=uid, gid=gid, timeout_s=timeout_s, env=env)
-        except (ChildTimeout, RuntimeError) as exc:
+            res = run_as_uid(lambda data=data, record=record: _resume_one(data, record),  # type: ignore[misc]
+                             uid=uid, gid=gid, timeout_s=timeout_s, extra_env=env)
+        except ChildError as exc:
             outcomes.append(HandoffOutcome(entry.name, "failed", str(exc)))
             continue
         if not keep:

@@ -104,6 +104,17 @@ class SlurmHookEnv:
                    home=pw.pw_dir, untrusted_account=hint("SLURM_JOB_ACCOUNT"),
                    untrusted_comment=hint("SLURM_JOB_COMMENT"), untrusted_work_dir=hint("SLURM_JOB_WORK_DIR"))
 
+    @classmethod
+    def for_uid(cls, uid: int, gid: int) -> SlurmHookEnv:
+        """An identity for root work that is not a hook invocation (no job, no node).
+
+        Raises:
+            KeyError: ``uid`` has no passwd entry.
+        """
+        pw = pwd.getpwuid(uid)
+        return cls(job_id="0", uid=uid, gid=gid, user=pw.pw_name, node="", context="", cluster="",
+                   home=pw.pw_dir, untrusted_account="", untrusted_comment="", untrusted_work_dir="")
+
     def to_environ(self) -> dict[str, str]:
         """The validated values under their Slurm names (for hook points that take an environ).
 

@@ -31,7 +31,7 @@ import resource
 import select
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from slurm_bt.hooks.env import SlurmHookEnv
@@ -41,6 +41,7 @@ __all__ = [
     "ChildTimeout",
     "PrivilegeDropError",
     "run_as_job_user",
+    "run_as_uid",
     "run_in_child",
 ]
 
@@ -117,8 +118,11 @@ def _drop_to(env: SlurmHookEnv) -> None:
             raise OSError(errno.EPERM, "effective capabilities remain after the drop")
 
 
-def _sanitize_process(env: SlurmHookEnv | None) -> None:
-    """Clean env, umask, cwd, rlimits and signals for a child that runs foreign-influenced code."""
+def _sanitize_process(env: SlurmHookEnv | None, extra_env: Mapping[str, str] | None = None) -> None:
+    """Clean env, umask, cwd, rlimits and signals for a child that runs foreign-influenced code.
+
+    ``extra_env`` (chosen by the caller, never by the user) is added after the safe defaults.
+    """
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM, signal.SIGPIPE):
         with contextlib.suppress(OSError, ValueError):
             signal.signal(sig, signal.SIG_DFL)
@@ -126,6 +130,8 @@ def _sanitize_process(env: SlurmHookEnv | None) -> None:
     os.environ.update({"PATH": _SAFE_PATH, "LANG": "C.UTF-8"})
     if env is not None:
         os.environ.update({"HOME": env.home, "USER": env.user, "LOGNAME": env.user})
+    if extra_env:
+        os.environ.update(extra_env)
     os.umask(0o077)
     os.chdir("/")
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -144,7 +150,8 @@ def _redirect_stdio_and_close(keep: int) -> None:
     os.closerange(keep + 1, max(top, keep + 2))
 
 
-def _child_main(fn: Callable[[], Any], env: SlurmHookEnv | None, w: int) -> None:
+def _child_main(fn: Callable[[], Any], env: SlurmHookEnv | None, w: int,
+                extra_env: Mapping[str, str] | None = None) -> None:
     """Never returns: writes one JSON document to ``w`` and ``_exit``s."""
     out: dict[str, Any]
     try:
@@ -153,7 +160,7 @@ def _child_main(fn: Callable[[], Any], env: SlurmHookEnv | None, w: int) -> None
         try:
             if env is not None:
                 _drop_to(env)
-            _sanitize_process(env)
+            _sanitize_process(env, extra_env)
             if env is not None:
                 _no_new_privs()
         except OSError as exc:
@@ -212,6 +219,7 @@ def run_in_child(
     timeout_s: float,
     drop_to: SlurmHookEnv | None = None,
     max_result_bytes: int = _DEFAULT_MAX_RESULT,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Any:
     """Run ``fn()`` in a forked child and return its JSON-decoded result.
 
@@ -221,6 +229,7 @@ def run_in_child(
         drop_to: become this job's user first (see the module docstring); ``None`` keeps root
             (used to bound the time of root work such as the checkpoint flush).
         max_result_bytes: the largest result accepted from the child.
+        extra_env: variables for the child's otherwise clean environment (e.g. the site file path).
 
     Raises:
         ChildTimeout: the bound expired.
@@ -233,7 +242,7 @@ def run_in_child(
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
         os.close(r)
-        _child_main(fn, drop_to, w)
+        _child_main(fn, drop_to, w, extra_env)
     os.close(w)
     try:
         try:
@@ -284,3 +293,22 @@ def run_as_job_user(fn: Callable[[], Any], env: SlurmHookEnv, *, timeout_s: floa
     except KeyError:
         raise PrivilegeDropError("drop", f"uid {env.uid} has no passwd entry") from None
     return run_in_child(fn, timeout_s=timeout_s, drop_to=env, max_result_bytes=max_result_bytes)
+
+
+def run_as_uid(fn: Callable[[], Any], *, uid: int, gid: int, timeout_s: float,
+               extra_env: Mapping[str, str] | None = None,
+               max_result_bytes: int = _DEFAULT_MAX_RESULT) -> Any:
+    """Run ``fn()`` as ``uid``/``gid`` (with the user's groups) when root, else as ourselves.
+
+    For root work outside a hook invocation (the checkpoint flush and hand-off resume), where the
+    identity comes from a root-owned record instead of the Slurm environment. Same guarantees and
+    errors as :func:`run_in_child`.
+    """
+    drop_to = None
+    if os.geteuid() == 0 and uid != 0:
+        try:
+            drop_to = SlurmHookEnv.for_uid(uid, gid)
+        except KeyError:
+            raise PrivilegeDropError("drop", f"uid {uid} has no passwd entry") from None
+    return run_in_child(fn, timeout_s=timeout_s, drop_to=drop_to, max_result_bytes=max_result_bytes,
+                        extra_env=extra_env)
