@@ -21,11 +21,14 @@ import os
 import secrets
 import stat
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from slurm_bt.errors import StorageError
 
 __all__ = [
+    "atomic_output",
     "fsync_dir",
     "make_private_dir",
     "publish_dir_atomic",
@@ -72,13 +75,49 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@contextmanager
+def atomic_output(path: Path, *, mode: int = 0o600) -> Iterator[int]:
+    """A writable descriptor whose content appears at ``path`` only if the ``with`` block succeeds.
+
+    The one publish protocol for every file slurm-bt writes (R7 in threats-and-faults.md): a unique
+    temp file beside ``path`` (``O_EXCL|O_NOFOLLOW``), written and verified by the caller inside the
+    block, then ``fchmod(mode)`` (umask-independent), ``fsync``, ``rename`` over ``path`` and
+    ``fsync`` of the directory. A symlink or hard link already at ``path`` is replaced, never
+    written through. If the block raises, the temp file is removed and the exception propagates.
+
+    Raises:
+        StorageError: naming ``path``, when the temp file cannot be created or published.
+    """
+    tmp = temp_name(path)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o600)
+    except OSError as exc:
+        raise StorageError(str(path), f"cannot create temp file: {_reason(exc)}") from exc
+    try:
+        try:
+            yield fd
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except StorageError:  # the caller's own verdict (e.g. IntegrityError): keep it as it is
+        _unlink_quietly(tmp)
+        raise
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        raise StorageError(str(path), f"cannot write atomically: {_reason(exc)}") from exc
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
 def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     """Replace ``path`` with ``data`` so readers see the old content or the new, never a mix.
 
-    A unique temp file is created beside ``path`` (``O_EXCL|O_NOFOLLOW``), written, given ``mode``
-    with ``fchmod`` (umask-independent), fsynced and renamed over ``path``; then the directory is
-    fsynced. A symlink or hard link already at ``path`` is replaced, never written through. On any
-    error the temp file is removed.
+    See :func:`atomic_output` for the protocol.
 
     Args:
         path: the final path; its directory must exist.
@@ -88,30 +127,10 @@ def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     Raises:
         StorageError: naming ``path`` (never the data).
     """
-    tmp = temp_name(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, 0o600)
-    except OSError as exc:
-        raise StorageError(str(path), f"cannot create temp file: {_reason(exc)}") from exc
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except OSError as exc:
-        _unlink_quietly(tmp)
-        raise StorageError(str(path), f"cannot write atomically: {_reason(exc)}") from exc
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    fsync_dir(path.parent)
+    with atomic_output(path, mode=mode) as fd:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slurm_bt.atomic import fsync_dir, temp_name
+from slurm_bt.atomic import atomic_output
 from slurm_bt.checkpoints.layout import StoreUri
 from slurm_bt.checkpoints.store import StoreCredentials, UploadResult, sha256_fd
 from slurm_bt.errors import IntegrityError, StorageError
@@ -111,12 +111,10 @@ class GcsStore:
         return UploadResult(sha, size, "crc32c")
 
     def download_file(self, key: str, dest: Path, *, size: int, sha256: str) -> None:
-        """Download to a unique temp file, verify sha256, fsync, rename."""
+        """Download into a temp file, verify sha256, then publish (``atomic_output``)."""
         key = self.uri.key(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temp_name(dest)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
+        with atomic_output(dest, mode=0o640) as fd:
             with os.fdopen(os.dup(fd), "wb") as fh:
                 try:
                     self._bucket.blob(key).download_to_file(fh, checksum="crc32c")
@@ -126,20 +124,6 @@ class GcsStore:
             if actual != sha256 or os.fstat(fd).st_size != size:
                 raise IntegrityError(self.uri.display(), "checkpoint file does not match the index", file=key,
                                      expected=sha256, actual=actual)
-            os.fchmod(fd, 0o640)
-            os.fsync(fd)
-            os.close(fd)
-            fd = -1
-            os.rename(tmp, dest)
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        fsync_dir(dest.parent)
 
     def read_bytes(self, key: str) -> bytes | None:
         """Small object bytes or None."""

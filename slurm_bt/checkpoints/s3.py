@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from slurm_bt.atomic import fsync_dir, temp_name
+from slurm_bt.atomic import atomic_output
 from slurm_bt.checkpoints.layout import StoreUri
 from slurm_bt.checkpoints.store import CHUNK_BYTES, StoreCredentials, UploadResult
 from slurm_bt.errors import IntegrityError, StorageError
@@ -295,15 +295,14 @@ class S3Store:
             self._slots.release()
 
     def download_file(self, key: str, dest: Path, *, size: int, sha256: str) -> None:
-        """Parallel ranged GETs into a unique temp file, then sha256-verify, fsync and rename."""
+        """Parallel ranged GETs into a temp file, sha256-verified, then published (``atomic_output``)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        key = self._full(key)
+        from slurm_bt.checkpoints.store import sha256_fd
 
+        key = self._full(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temp_name(dest)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
+        with atomic_output(dest, mode=0o640) as fd:
             os.ftruncate(fd, size)
             part = self._part_size_for(size)
 
@@ -322,26 +321,10 @@ class S3Store:
                     f.result()
             except (ClientError, BotoCoreError) as exc:
                 raise self._err(exc, key, "download failed") from exc
-            from slurm_bt.checkpoints.store import sha256_fd
-
             actual = sha256_fd(fd, size)
             if actual != sha256 or os.fstat(fd).st_size != size:
                 raise IntegrityError(self.uri.display(), "checkpoint file does not match the index", file=key,
                                      expected=sha256, actual=actual)
-            os.fchmod(fd, 0o640)
-            os.fsync(fd)
-            os.close(fd)
-            fd = -1
-            os.rename(tmp, dest)
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        fsync_dir(dest.parent)
 
     def read_bytes(self, key: str) -> bytes | None:
         """A small object's bytes, or None."""

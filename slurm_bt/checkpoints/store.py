@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from slurm_bt.atomic import fsync_dir, temp_name
+from slurm_bt.atomic import atomic_output
 from slurm_bt.checkpoints.layout import StoreUri, parse_store_uri
 from slurm_bt.errors import StorageError
 
@@ -215,13 +215,8 @@ class FileStore:
             except OSError:
                 pass
         self._make_dirs(final.parent)
-        tmp = temp_name(final)
         h = hashlib.sha256()
-        try:
-            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise StorageError(str(final), f"cannot create temp file: {exc.strerror}") from exc
-        try:
+        with atomic_output(final, mode=0o640) as out:
             offset = 0
             while offset < size:
                 chunk = os.pread(fd, min(CHUNK_BYTES, size - offset), offset)
@@ -232,20 +227,6 @@ class FileStore:
                 while view:
                     view = view[os.write(out, view):]
                 offset += len(chunk)
-            os.fchmod(out, 0o640)
-            os.fsync(out)
-            os.close(out)
-            out = -1
-            os.rename(tmp, final)
-        except BaseException:
-            if out >= 0:
-                os.close(out)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        fsync_dir(final.parent)
         return UploadResult(h.hexdigest(), size, "local")
 
     def download_file(self, key: str, dest: Path, *, size: int, sha256: str) -> None:
@@ -291,14 +272,12 @@ class FileStore:
 
 
 def _copy_verified(fd: int, dest: Path, *, size: int, sha256: str, uri: str) -> None:
-    """Copy an open file to ``dest``: unique temp, sha256 while copying, verify, fsync, rename."""
+    """Copy an open file to ``dest``: sha256 while copying, verified before it is published."""
     from slurm_bt.errors import IntegrityError
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(dest)
-    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     h = hashlib.sha256()
-    try:
+    with atomic_output(dest, mode=0o640) as out:
         offset = 0
         while True:
             chunk = os.pread(fd, CHUNK_BYTES, offset)
@@ -312,21 +291,6 @@ def _copy_verified(fd: int, dest: Path, *, size: int, sha256: str, uri: str) -> 
         if offset != size or h.hexdigest() != sha256:
             raise IntegrityError(uri, "checkpoint file does not match the index", file=dest.name,
                                  expected=f"{sha256} ({size} bytes)", actual=f"{h.hexdigest()} ({offset} bytes)")
-        os.fchmod(out, 0o640)
-        os.fsync(out)
-        os.close(out)
-        out = -1
-        os.rename(tmp, dest)
-    except BaseException:
-        if out >= 0:
-            os.close(out)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(dest.parent)
-
 
 def credentials_for(uri: StoreUri, secret_store_root: str | None) -> StoreCredentials | None:
     """The credentials the *current process* may use for ``uri``.
