@@ -321,10 +321,12 @@ def ensure_dirs() -> bool:
     mkdir(STATE / "node", 0o755)
     # Node-local stand-ins, one tree per slurmd (site storage roots use %n). The slurm-bt prolog
     # creates each job's scratch (0700, the job's user), so the scratch root is root-owned 0755:
-    # users cannot pre-create (or plant symlinks at) job directories.
+    # users cannot pre-create (or plant symlinks at) job directories. The node weights cache is written
+    # only by the prolog (root), so its root is root-owned 0755 too.
     for n in NODES:
         mkdir(STATE / "node" / n, 0o755)
         mkdir(STATE / "node" / n / "scratch", 0o755)
+        mkdir(STATE / "node" / n / "weights", 0o755)
     mkdir(SLURM_LOG_DIR, 0o755, "slurm")
     mkdir(ETC_SLURM, 0o755)
     mkdir(MUNGE_RUN, 0o755, "munge")

@@ -33,6 +33,9 @@ class SubmissionRecord(BaseModel):
     user: str
     #: The separate weights-staging job this job depends on (``--dependency=afterok``), if any.
     staging_job_id: str | None = None
+    #: How many weights sources the job declared: ``slurm-bt status`` reads the job dir's weights
+    #: status files only when this is non-zero (records written before it existed say 0).
+    weights_sources: int = 0
 
 
 def _records_dir(workspace: Path) -> Path:

@@ -11,7 +11,10 @@ job name, the staging job). Every call asks **one** batched question:
   the report carries the sacct error, and the CLI prints it (naming slurmdbd) and exits 1.
 
 Privacy: sacct and squeue run *as the caller*, so the caller sees exactly what Slurm shows them
-(``PrivateData`` applies); nothing here reads another user's files.
+(``PrivateData`` applies); nothing here reads another user's files. The one file read beyond the
+records, the weights delivery status (:func:`weights_status`), comes from the job dir named in the
+caller's own record, only when that record says the job declared weights, and only from a folder the
+caller owns.
 
 Array jobs asked for by their master id (``123``) and het jobs (``123`` with ``123+0``, ``123+1``)
 are folded into one status: the least advanced member while any is still active, otherwise the
@@ -20,10 +23,13 @@ worst outcome, with per-state counts in the detail.
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.errors import Problem, SlurmCommandError, UserError
@@ -35,7 +41,15 @@ from slurm_bt.slurm.states import Lifecycle, TrainingJobStatus, lifecycle
 if TYPE_CHECKING:
     from slurm_bt.records import SubmissionRecord
 
-__all__ = ["JobStatus", "StatusReport", "check_job_ids", "job_statuses", "query_statuses", "wait_for_jobs"]
+__all__ = [
+    "JobStatus",
+    "StatusReport",
+    "check_job_ids",
+    "job_statuses",
+    "query_statuses",
+    "wait_for_jobs",
+    "weights_status",
+]
 
 # Order used to fold array tasks / het components: while any member is active, show the least
 # advanced (the job as a whole is not further than that); once all ended, show the worst ending.
@@ -294,3 +308,25 @@ def wait_for_jobs(
         if done or clock() >= deadline:
             return report
         sleep(min(backoff.next(), max(0.0, deadline - clock())))
+
+
+def weights_status(record: SubmissionRecord | None) -> dict[str, Any] | None:
+    """Which tier served each weights source, per node (``read_weights_status``), or None.
+
+    ``None`` for jobs without a record or without weights: those cost no file access at all, which
+    keeps ``slurm-bt status`` as fast as before for them. Otherwise ``<job_dir>/weights`` is read
+    only if it is a directory the caller owns (step 1 and the staging job write it as the job user),
+    so a record edited to point elsewhere cannot make status read someone else's files.
+    """
+    if record is None or record.weights_sources <= 0:
+        return None
+    from slurm_bt.weights.job_status import read_weights_status
+
+    folder = Path(record.job_dir) / "weights"
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return {"staging": [], "nodes": {}}  # submitted, nothing written yet
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return None
+    return read_weights_status(record.job_dir)

@@ -210,7 +210,7 @@ def submit_project(
         job_id=job_id, project_name=spec.project_name, project_id=spec.project_id,
         job_name=spec.job_name, submit_id=spec.context.submit_id, job_dir=str(job_dir),
         config_path=str(config_path), submitted_at=_dt.datetime.now(_dt.timezone.utc).isoformat(),
-        user=pw.pw_name, staging_job_id=staging_id,
+        user=pw.pw_name, staging_job_id=staging_id, weights_sources=len(spec.weights),
     )
     result.job_id = job_id
     result.staging_job_id = staging_id

@@ -315,6 +315,7 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
         roots = []
         for node in nodes or tuple(_local_nodes()):
             roots.append(expand_path(site_settings.storage.scratch, user="root", uid=0, home="/root", node=node))
+            roots.append(expand_path(site_settings.storage.node_cache, user="root", uid=0, home="/root", node=node))
         roots.append(expand_path(site_settings.storage.cache, user="root", uid=0, home="/root"))
         for root in dict.fromkeys(roots):
             click.echo(f"{'would create' if dry_run else 'ensuring'} {root} (root:root 0755)")

@@ -30,7 +30,11 @@ def _elapsed(seconds: Any) -> str:
 
 
 def render_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Status dicts (``JobStatus.as_dict``) as an aligned text table, header first."""
+    """Status dicts (``JobStatus.as_dict``) as an aligned text table, header first.
+
+    A job with a ``weights`` entry gets one indented line per declared source under its row (tier
+    per node, size, seconds), so the table shows where each start read its weights from.
+    """
     cells = [_COLUMNS]
     for d in rows:
         project = (d.get("training_project") or {}).get("name") or "-"
@@ -45,8 +49,13 @@ def render_table(rows: Sequence[dict[str, Any]]) -> list[str]:
         ))
     widths = [max(len(c[i]) for c in cells) for i in range(len(_COLUMNS) - 1)]
     out = []
-    for c in cells:
+    for i, c in enumerate(cells):
         out.append("  ".join(v.ljust(w) for v, w in zip(c[:-1], widths, strict=True)) + "  " + c[-1])
+        weights = rows[i - 1].get("weights") if i else None
+        if isinstance(weights, dict):
+            from slurm_bt.weights.job_status import summary_lines
+
+            out += [f"    {line}" for line in summary_lines(weights)]
     return [line.rstrip() for line in out]
 
 
@@ -67,7 +76,7 @@ def _degraded_exit(error: Exception | None) -> None:
 
 def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s: float, as_json: bool,
                   limit: int | None = None) -> list[dict[str, Any]]:
-    from slurm_bt.status import query_statuses, wait_for_jobs
+    from slurm_bt.status import query_statuses, wait_for_jobs, weights_status
 
     records = load_records(job_ids, project, everything=limit is not None)
     if project is not None or limit is not None:
@@ -88,7 +97,7 @@ def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s
         report = query_statuses(client, job_ids, records=records)
     for warning in report.warnings:
         warn(warning)
-    rows = [st.as_dict() for st in report.statuses]
+    rows = [{**st.as_dict(), "weights": weights_status(st.record)} for st in report.statuses]
     if as_json or not wait:
         _emit(rows, as_json)
     _degraded_exit(report.error)

@@ -31,9 +31,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slurm_bt.site_settings import DEFAULT_SITE_PATH, SiteSettings, load_site_settings
 
-__all__ = ["DEFAULT_HOOKS_PATH", "HookConfigError", "HookSettings", "load_hook_settings", "load_trusted_site"]
+__all__ = ["DEFAULT_HOOKS_PATH", "HOOK_SITE_ENV", "HookConfigError", "HookSettings", "load_hook_settings",
+           "load_trusted_site"]
 
 DEFAULT_HOOKS_PATH = Path("/etc/slurm-bt/hooks.toml")
+HOOK_SITE_ENV = "SLURM_BT_HOOK_SITE"
+"""Set by the hooks (never by users) in the clean environment of a hook point's child: the wrapper's
+``--site`` file, so that hook-point code reads the same storage roots as the hook. It names a file
+only; :func:`load_trusted_site` still refuses it unless root owns it."""
 
 _GroupName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")]
 _Account = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")]

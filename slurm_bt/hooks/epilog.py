@@ -122,8 +122,10 @@ def epilog_body(ctx: HookContext) -> None:
     ctx.phase = "checkpoint-flush"
     confirmed = flush_checkpoints(env, ctx.budget(ctx.settings.flush_budget_s, reserve_s=20.0), ctx.log)
     ctx.phase = "node-cache"
-    release_node_cache_leases(env, ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0), ctx.log)
-    enforce_node_cache_lru(env, ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0), ctx.log)
+    release_node_cache_leases(env, ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0), ctx.log,
+                              ctx.site_path)
+    enforce_node_cache_lru(env, ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0), ctx.log,
+                           ctx.site_path)
     ctx.phase = "scratch"
     remove_scratch(ctx, keep_checkpoints=not confirmed)
     ctx.phase = "notes"

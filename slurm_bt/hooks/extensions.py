@@ -13,8 +13,10 @@ call is absent, broken or slow. Each call below therefore
 Contracts for implementers. Each function receives ``environ``, a ``dict`` of the *validated*
 hook variables (``SLURM_JOB_ID/UID/GID/USER``, ``SLURMD_NODENAME``, ``SLURM_SCRIPT_CONTEXT``,
 ``SLURM_CLUSTER_NAME``) plus ``SLURM_JOB_WORK_DIR`` and ``SLURM_JOB_ACCOUNT`` as untrusted hints,
-and ``deadline_s``, the seconds it may use. It runs as root and must drop to the job user itself for
-anything that touches user-named paths (:func:`~slurm_bt.hooks.privdrop.run_as_job_user`):
+and ``deadline_s``, the seconds it may use. When the hook wrapper passed ``--site``, the child's
+environment has ``SLURM_BT_HOOK_SITE`` (:data:`~slurm_bt.hooks.config.HOOK_SITE_ENV`) naming that file,
+so the hook point can read the same storage roots as the hook. It runs as root and must drop to the job
+user itself for anything that touches user-named paths (:func:`~slurm_bt.hooks.privdrop.run_as_job_user`):
 
 * ``slurm_bt.checkpoints.flush.flush_job_checkpoints(environ, deadline_s)``: upload what the job
   left in its checkpoint directory. It returns an object whose ``status`` is ``"done"`` only if every
@@ -33,6 +35,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from slurm_bt.hooks.config import HOOK_SITE_ENV
 from slurm_bt.hooks.env import SlurmHookEnv
 from slurm_bt.hooks.privdrop import ChildError, run_in_child
 from slurm_bt.hooks.runner import HookLog
@@ -67,8 +70,11 @@ def _lookup(module: str, name: str) -> Callable[..., Any] | None:
     return fn if callable(fn) else None
 
 
-def call_hook_point(target: tuple[str, str], env: SlurmHookEnv, budget_s: float, log: HookLog) -> tuple[bool, Any]:
+def call_hook_point(target: tuple[str, str], env: SlurmHookEnv, budget_s: float, log: HookLog,
+                    site_path: str | None = None) -> tuple[bool, Any]:
     """Call ``module.function(environ, deadline_s)`` in a bounded child.
+
+    ``site_path`` (the hook's ``--site``) reaches the child as ``SLURM_BT_HOOK_SITE``.
 
     The module is imported in the child too, so a slow, crashing or heavy import (boto3...) costs
     at most the budget and never pollutes the epilog process.
@@ -93,7 +99,8 @@ def call_hook_point(target: tuple[str, str], env: SlurmHookEnv, budget_s: float,
         return {"status": str(getattr(result, "status", "")), "message": str(getattr(result, "message", ""))[:500]}
 
     try:
-        result = run_in_child(call, timeout_s=budget_s)
+        result = run_in_child(call, timeout_s=budget_s,
+                              extra_env={HOOK_SITE_ENV: site_path} if site_path else None)
     except ChildError as exc:
         log.error(f"hook point {module}.{name}: {exc.kind}: {exc.exc_type or ''} {exc}".rstrip())
         return True, None
@@ -115,11 +122,12 @@ def flush_checkpoints(env: SlurmHookEnv, budget_s: float, log: HookLog) -> bool:
     return called and result is True
 
 
-def release_node_cache_leases(env: SlurmHookEnv, budget_s: float, log: HookLog) -> None:
+def release_node_cache_leases(env: SlurmHookEnv, budget_s: float, log: HookLog,
+                              site_path: str | None = None) -> None:
     """Release the job's node-cache leases (no-op until ``slurm_bt.weights.node_cache`` provides it)."""
-    call_hook_point(NODE_CACHE_RELEASE, env, budget_s, log)
+    call_hook_point(NODE_CACHE_RELEASE, env, budget_s, log, site_path)
 
 
-def enforce_node_cache_lru(env: SlurmHookEnv, budget_s: float, log: HookLog) -> None:
+def enforce_node_cache_lru(env: SlurmHookEnv, budget_s: float, log: HookLog, site_path: str | None = None) -> None:
     """Run node-cache LRU eviction (no-op until ``slurm_bt.weights.node_cache`` provides it)."""
-    call_hook_point(NODE_CACHE_LRU, env, budget_s, log)
+    call_hook_point(NODE_CACHE_LRU, env, budget_s, log, site_path)

@@ -13,7 +13,12 @@
 5. with ``cache_config.enabled``: ``<cache>/teams/<group>/{shared,projects/<project>}``,
    ``2770 root:<group>`` with a group default ACL, where ``<group>`` is the job's team
    (:mod:`slurm_bt.hooks.teams`);
-6. a root-owned record of what was prepared, which step 1 of the job trusts.
+6. with ``weights``: the pinned manifests are read from the job dir **as the user**, then a forked
+   root child (:func:`slurm_bt.weights.node_stage.stage_for_job`) copies the job's blobs from the
+   team's (or the shared) cluster tier into the root-owned node cache, leases them and links
+   ``<node_cache>/jobs/<id>/w<i>``; bounded by what is left of the deadline, so a copy that is too
+   slow fails the job (never drains the node). Jobs without weights import none of this;
+7. a root-owned record of what was prepared, which step 1 of the job trusts.
 """
 
 from __future__ import annotations
@@ -22,22 +27,26 @@ import errno
 import os
 import re
 import sys
+from typing import Any
 
 from pydantic import ValidationError
 
 from slurm_bt.hooks.jobstate import JobStateDir
-from slurm_bt.hooks.privdrop import ChildError, ChildTimeout, PrivilegeDropError, run_as_job_user
+from slurm_bt.hooks.privdrop import ChildError, ChildTimeout, PrivilegeDropError, run_as_job_user, run_in_child
 from slurm_bt.hooks.runner import HookContext, HookUserError, NodeFault, run_hook
 from slurm_bt.hooks.safefs import UnsafeEntry, UntrustedPath, ensure_dir_at, open_trusted_dir, set_default_group_acl
-from slurm_bt.hooks.teams import TeamError, resolve_team
+from slurm_bt.hooks.teams import Team, TeamError, resolve_team
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.site_settings import expand_path
 
-__all__ = ["COMMENT_PREFIX", "main", "prolog_body", "read_job_spec_as_user"]
+__all__ = ["COMMENT_PREFIX", "main", "prolog_body", "read_job_spec_as_user", "stage_weights"]
 
 COMMENT_PREFIX = "slurm-bt:"
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _NODE_FAULT_ERRNOS = {errno.EROFS, errno.EIO, errno.ENODEV, errno.ESTALE, errno.ENOTCONN, errno.EUCLEAN}
+WEIGHTS_RESERVE_S = 5.0
+"""Seconds of the deadline kept back from node staging for the record and the runner's bookkeeping."""
+_MANIFEST_MAX = 64 << 20  # slurm_bt.weights.node_stage._MAX_MANIFEST (not imported: jobs without weights)
 
 
 def _root(ctx: HookContext, template: str) -> str:
@@ -162,13 +171,16 @@ def read_job_spec_as_user(ctx: HookContext) -> JobSpec:
     return spec
 
 
-def make_caches(ctx: HookContext, spec: JobSpec) -> dict[str, object]:
-    """Create the team and project caches (2770 root:<team group>); returns the record fields."""
-    env = ctx.env
+def job_team(ctx: HookContext) -> Team:
+    """The job's team (a Unix group the user belongs to); a user error if it cannot be used."""
     try:
-        team = resolve_team(env, ctx.settings)
+        return resolve_team(ctx.env, ctx.settings)
     except TeamError as exc:
         raise HookUserError(str(exc)) from None
+
+
+def make_caches(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, object]:
+    """Create the team and project caches (2770 root:<team group>); returns the record fields."""
     root = _root(ctx, ctx.site.storage.cache)
     fd = _open_root(root, "shared cache root")
     acl = True
@@ -209,6 +221,165 @@ def make_caches(ctx: HookContext, spec: JobSpec) -> dict[str, object]:
             "project_cache": project_cache, "group_acl": acl}
 
 
+def _read_manifests_as_user(ctx: HookContext, spec: JobSpec) -> list[str]:
+    """The job's pinned manifests (``<job dir>/weights/<i>.json``), read in a child dropped to the user.
+
+    Why as the user: the job dir is the user's; root must not open user-named paths (R1). The
+    texts are untrusted here; :func:`~slurm_bt.weights.node_stage.stage_for_job` re-validates them.
+    """
+    from slurm_bt.weights.node_stage import load_job_manifests
+
+    env = ctx.env
+    job_dir, count = spec.context.job_dir, len(spec.weights)
+    try:
+        raw = run_as_job_user(lambda: load_job_manifests(job_dir, count), env,
+                              timeout_s=ctx.budget(ctx.settings.user_step_timeout_s),
+                              max_result_bytes=2 * _MANIFEST_MAX * count + 65536)
+    except PrivilegeDropError as exc:
+        raise NodeFault(f"cannot become user {env.user} (uid {env.uid}): {exc}",
+                        "check NSS (passwd/group lookups) on this node") from None
+    except ChildTimeout:
+        raise HookUserError(f"reading the weights manifests in {job_dir}/weights as {env.user} did not finish "
+                            "in time (slow home filesystem?)") from None
+    except ChildError as exc:
+        raise HookUserError(f"cannot read the weights manifests as {env.user}: {exc}") from None
+    if not isinstance(raw, list) or len(raw) != count or not all(isinstance(r, str) for r in raw):
+        raise HookUserError(f"{job_dir}/weights holds no readable manifests for this job's {count} weights sources")
+    return raw
+
+
+def _node_cache_root(ctx: HookContext) -> str:
+    """Make sure the node cache root exists as a root-owned directory under a trusted parent.
+
+    Its parent must already be root-owned and not writable by others all the way up (like the scratch
+    root): otherwise a user could redirect where root copies weights. The root itself is created
+    fd-relative if missing (``root:root 0755``), so provisioning only the parent is enough.
+    """
+    root = _root(ctx, ctx.site.storage.node_cache).rstrip("/")
+    parent, _, leaf = root.rpartition("/")
+    pfd = _open_root(parent or "/", "parent of the node weights cache")
+    try:
+        try:
+            fd, _ = ensure_dir_at(pfd, leaf, uid=0, gid=0, mode=0o755)
+        except UnsafeEntry as exc:  # only root can create entries in a trusted parent
+            raise NodeFault(f"node weights cache {root} {exc.reason}",
+                            f"make {root} a root:root 0755 directory (or remove it)") from None
+        except OSError as exc:
+            raise _storage_error(exc, root) from None
+        try:
+            if os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+                raise NodeFault(f"node weights cache {root} is read-only", "remount the node-local disk read-write")
+        finally:
+            os.close(fd)
+    finally:
+        os.close(pfd)
+    return root
+
+
+def _node_cache_healthy(root: str) -> bool:
+    """Can root still write and fsync a file in the node cache root? (Tells a node fault from a bad source.)"""
+    probe = f"{root}/.probe-{os.getpid()}"
+    try:
+        if os.statvfs(root).f_flag & os.ST_RDONLY:
+            return False
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, b"probe")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.unlink(probe)
+    except OSError:
+        return False
+    return True
+
+
+def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, root: str) -> dict[str, Any]:
+    """Run in a forked root child: stage the job's weights, return a JSON-able, classified outcome.
+
+    Why classify here and not in the parent: only the child has the real exception (class, ``errno``,
+    the ``OSError`` behind a :class:`~slurm_bt.errors.StorageError`) and can probe the node cache
+    before deciding that an I/O error is the node's fault rather than the cluster tier's.
+    """
+    from slurm_bt.errors import BtError, CacheFullError, CacheIntegrityError, CacheLockTimeout
+    from slurm_bt.weights.node_stage import WeightsJobError, stage_for_job
+
+    os.umask(0o022)  # the job user must traverse jobs/<id> and read weights.json (run_in_child sets 077)
+    lines: list[str] = []
+
+    def text(exc: BaseException) -> str:
+        msg = " ".join(exc.lines()) if isinstance(exc, BtError) else str(exc)
+        return " ".join(msg.split())[:1500]
+
+    try:
+        entries = stage_for_job(ctx.env.to_environ(), spec, raw, team=team, site=ctx.site, log=lines.append)
+    except (WeightsJobError, CacheFullError, CacheIntegrityError, CacheLockTimeout) as exc:
+        return {"outcome": "job", "message": text(exc), "lines": lines}
+    except OSError as exc:  # StorageError included: a blob in no tier, cluster-tier I/O, the node cache
+        err = exc.errno
+        cause = exc.__cause__
+        if err is None and isinstance(cause, OSError):
+            err = cause.errno
+        if err in _NODE_FAULT_ERRNOS and not _node_cache_healthy(root):
+            return {"outcome": "node", "message": f"node weights cache {root}: {text(exc)}", "lines": lines}
+        if err in (errno.ENOSPC, errno.EDQUOT):
+            return {"outcome": "job", "message": f"the node weights cache {root} is full: {text(exc)}",
+                    "lines": lines}
+        return {"outcome": "job", "message": text(exc), "lines": lines}
+    return {"outcome": "ok", "entries": entries, "lines": lines}
+
+
+def stage_weights(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, object]:
+    """Copy the job's declared weights into this node's cache and link them for the job.
+
+    The copy runs in a forked root child bounded by what is left of the hook's deadline (minus
+    :data:`WEIGHTS_RESERVE_S`): a big model that does not fit fails *the job* with a reason saying
+    so, instead of letting the deadline drain the node. Blobs published before the child was killed
+    stay in the node cache, so a resubmitted job continues the copy. Only an unusable node cache
+    (missing or unsafe parent, read-only, ``EIO`` confirmed by a probe write) is a node fault.
+
+    Returns:
+        The record fields (``weights``: source and tier per declared source).
+    """
+    from slurm_bt.weights.plan import team_slug
+
+    env = ctx.env
+    ctx.phase = "weights-manifests"
+    raw = _read_manifests_as_user(ctx, spec)
+    ctx.phase = "weights-node-cache"
+    root = _node_cache_root(ctx)
+    ctx.phase = "weights-stage"
+    budget = ctx.budget(ctx.remaining(), reserve_s=WEIGHTS_RESERVE_S)
+    if budget < 1.0:
+        raise HookUserError(f"no time left in the slurm-bt prolog on {env.node} to stage this job's weights "
+                            f"(deadline_s={ctx.settings.deadline_s:.0f}); retry, or ask an admin to raise deadline_s")
+    slug = team_slug(team.name)
+    try:
+        result = run_in_child(lambda: _stage_child(ctx, spec, raw, slug, root), timeout_s=budget)
+    except ChildTimeout:
+        raise HookUserError(
+            f"copying this job's weights into the node cache on {env.node} did not finish within {budget:.0f} s "
+            f"(the slurm-bt prolog's limit, deadline_s={ctx.settings.deadline_s:.0f}); what was copied is kept, so a "
+            "resubmitted job continues from there; for models this large an admin can raise deadline_s in "
+            "hooks.toml together with PrologEpilogTimeout") from None
+    except ChildError as exc:
+        ctx.log.error(f"weights staging child failed: {exc.kind}: {exc.exc_type} {exc}")
+        raise HookUserError(f"internal error while staging weights on {env.node} ({exc.exc_type or exc.kind}); an "
+                            f"admin can find details in {ctx.settings.log_file}") from None
+    if not isinstance(result, dict):
+        raise HookUserError(f"internal error while staging weights on {env.node} (no result)")
+    for line in result.get("lines") or []:
+        ctx.log.info(str(line)[:500])
+    outcome, message = result.get("outcome"), str(result.get("message", ""))
+    if outcome == "node":
+        raise NodeFault(message, f"check the node-local disk holding {root}, then resume the node")
+    if outcome != "ok":
+        raise HookUserError(f"cannot stage this job's weights on {env.node}: {message}")
+    entries = [e for e in result.get("entries") or [] if isinstance(e, dict)]
+    ctx.notes.append("weights=" + ",".join(str(e.get("tier")) for e in entries))
+    return {"weights": [{"source": e.get("source"), "tier": e.get("tier")} for e in entries]}
+
+
 def prolog_body(ctx: HookContext) -> None:
     """The prolog's work (see the module docstring); raises the runner's exception classes."""
     env = ctx.env
@@ -224,9 +395,12 @@ def prolog_body(ctx: HookContext) -> None:
     ctx.phase = "job-spec"
     spec = read_job_spec_as_user(ctx)
     record["project_id"] = spec.project_id
-    if spec.cache.enabled:
+    team = job_team(ctx) if spec.cache.enabled or spec.weights else None
+    if spec.cache.enabled and team is not None:
         ctx.phase = "caches"
-        record.update(make_caches(ctx, spec))
+        record.update(make_caches(ctx, spec, team))
+    if spec.weights and team is not None:
+        record.update(stage_weights(ctx, spec, team))
     ctx.phase = "record"
     state.write_record(record)
 

@@ -152,6 +152,8 @@ class HookContext:
         started: ``time.monotonic()`` at start.
         deadline: ``time.monotonic()`` value of the internal deadline.
         state_root: root of the job-keyed notes (``/run/slurm-bt``; tests override it).
+        site_path: the ``--site`` file the wrapper named (``None``: the default site file); passed
+            on to hook points so that they read the same storage roots as the hook itself.
         phase: the current phase, named in deadline and crash reports.
         notes: short facts logged in the final line (``scratch=created`` ...).
     """
@@ -163,6 +165,7 @@ class HookContext:
     started: float
     deadline: float
     state_root: str = STATE_ROOT
+    site_path: str | None = None
     phase: str = "start"
     notes: list[str] = field(default_factory=list)
 
@@ -250,7 +253,8 @@ def run_hook(
                          "run this only as a slurmd Prolog/Epilog; check the user database (NSS) on this node")
         log.tag = f"{kind}[{os.getpid()}] job={env.job_id} node={env.node} uid={env.uid}"
         ctx = HookContext(env=env, settings=settings, site=site, log=log, started=started,
-                          deadline=started + settings.deadline_s, state_root=state_root)
+                          deadline=started + settings.deadline_s, state_root=state_root,
+                          site_path=str(args.site) if args.site is not None else None)
         previous = signal.signal(signal.SIGALRM, _alarm)
         signal.setitimer(signal.ITIMER_REAL, settings.deadline_s)
         try:

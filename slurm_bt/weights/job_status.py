@@ -17,12 +17,22 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from slurm_bt.atomic import write_file_atomic
 
-__all__ = ["read_weights_status", "write_node_status", "write_staging_status"]
+__all__ = ["format_bytes", "read_weights_status", "summary_lines", "write_node_status", "write_staging_status"]
+
+
+def format_bytes(n: float) -> str:
+    """``1.2 GB``-style sizes for log lines (decimal units, like the Baseten UI)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
 
 
 def write_node_status(job_dir: str | Path, node: str, entries: list[dict[str, Any]]) -> Path:
@@ -71,3 +81,42 @@ def read_weights_status(job_dir: str | Path) -> dict[str, Any]:
             out["staging"].append(data)
     out["staging"].sort(key=lambda e: e.get("index", 0))
     return out
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def summary_lines(status: Mapping[str, Any]) -> list[str]:
+    """One short line per declared source for ``slurm-bt status``'s table, from :func:`read_weights_status`.
+
+    Once the job started somewhere, the node view: ``weights: hf://org/m@0123456789ab node-hit (n1)
+    12.3 MB 0.01s``; several nodes are grouped by tier (``node-hit (n1,n2), cluster-hit (n3)``, with the
+    slowest node's seconds). Before that, the staging job's outcome (``... staging miss 12.3 MB 4.10s``). The
+    files are the user's own, so every field is type-checked and a malformed one is shown as ``?``.
+    """
+    by_index: dict[int, list[tuple[str, Mapping[str, Any]]]] = {}
+    nodes = status.get("nodes")
+    for node, entries in sorted(nodes.items() if isinstance(nodes, Mapping) else []):
+        for e in entries if isinstance(entries, list) else []:
+            if isinstance(e, Mapping):
+                index = e.get("index")
+                by_index.setdefault(index if isinstance(index, int) else 0, []).append((str(node), e))
+    lines = []
+    for _, group in sorted(by_index.items()):
+        tiers: dict[str, list[str]] = {}
+        for node, e in group:
+            tiers.setdefault(str(e.get("tier", "?")), []).append(node)
+        where = ", ".join(f"{tier} ({','.join(names)})" for tier, names in tiers.items())
+        first = group[0][1]
+        seconds = max(_num(e.get("seconds")) for _, e in group)
+        lines.append(f"weights: {first.get('source', '?')} {where} {format_bytes(_num(first.get('bytes')))} "
+                     f"{seconds:.2f}s")
+    if lines:
+        return lines
+    staging = status.get("staging")
+    for e in staging if isinstance(staging, list) else []:
+        if isinstance(e, Mapping):
+            lines.append(f"weights: {e.get('source', '?')} staging {e.get('tier', '?')} "
+                         f"{format_bytes(_num(e.get('total_bytes')))} {_num(e.get('seconds')):.2f}s")
+    return lines

@@ -81,13 +81,18 @@ class WeightsJobError(RuntimeFailure):
 
 
 def _trusted_site() -> SiteSettings:
+    """The root hooks' site: the wrapper's ``--site`` file when the hook passed it on, else the default.
+
+    Only hook points call this (as root); the file must be root-owned either way.
+    """
     try:
-        from slurm_bt.hooks.config import load_trusted_site
+        from slurm_bt.hooks.config import HOOK_SITE_ENV, load_trusted_site
     except ImportError:  # hooks package absent: the default site file, read as usual
         from slurm_bt.site_settings import load_site_settings
 
         return load_site_settings(environ={})
-    return load_trusted_site()
+    path = os.environ.get(HOOK_SITE_ENV)
+    return load_trusted_site(Path(path) if path else None)
 
 
 def _node_cache(site: SiteSettings, environ: Mapping[str, str]) -> NodeCache:

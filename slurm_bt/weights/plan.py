@@ -66,6 +66,7 @@ __all__ = [
     "select_listing",
     "submit_staging_job",
     "team_for_user",
+    "team_slug",
     "write_plan",
 ]
 
@@ -180,6 +181,16 @@ def team_for_user(sbatch_args: Sequence[str] = ()) -> str:
             group = load_hook_settings().team_groups.get(account, group)
         except Exception:  # noqa: S110 - no readable policy: the primary group, as the hooks would
             pass
+    return team_slug(group)
+
+
+def team_slug(group: str) -> str:
+    """The cluster-cache team directory name of Unix group ``group`` (``<cluster_cache>/teams/<slug>``).
+
+    One function for both sides: the staging job publishes into the tier :func:`team_for_user`
+    names, and the root prolog authorizes node staging against the tier of the team *it* resolved
+    (:func:`slurm_bt.hooks.teams.resolve_team`); both must spell the directory the same way.
+    """
     slug = _TEAM_SLUG.sub("-", group.lower()).strip("-.") or "default"
     return slug[:64]
 

@@ -42,7 +42,7 @@ from typing import IO, Any
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import BtError, SourceError, StorageError
 from slurm_bt.weights.cluster_cache import ClusterCache, blob_present
-from slurm_bt.weights.job_status import write_staging_status
+from slurm_bt.weights.job_status import format_bytes, write_staging_status
 from slurm_bt.weights.locks import LockOptions
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import SourcePin, cluster_tiers, job_manifest_path, lookup_pin, pin_key, select_listing
@@ -51,15 +51,6 @@ from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 __all__ = ["StageOutcome", "ensure_team_root", "format_bytes", "main", "stage_plan", "stage_source"]
 
 _DEF_LOCK_TIMEOUT_S = 6 * 3600.0
-
-
-def format_bytes(n: float) -> str:
-    """``1.2 GB``-style sizes for log lines (decimal units, like the Baseten UI)."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """Weights delivery on the real dev cluster: staging job before the GPU job, read-only views, faults.
 
 * done-when: a host-runtime job declaring an ``hf://`` model (fake Hub) and an ``s3://`` dataset
-  (SeaweedFS) starts with both read-only at their mount locations (bubblewrap), a second job on the
-  same node starts from the caches with no staging job, and the status files name the tiers;
+  (SeaweedFS) starts with both read-only at their mount locations (bubblewrap), the root prolog having
+  copied them into the node cache (``cluster-hit``); a second job on the same node starts from the
+  NODE cache (``node-hit``) with no staging job; ``slurm-bt status`` (JSON and table) shows the tiers;
+  the epilog dropped the first job's leases and links;
 * one bad source among 20 jobs (its repo disappears after submit): only that job ends
   DEPLOY_FAILED, with the reason in its staging log, and no node is drained.
 
@@ -100,6 +102,22 @@ def _wait(job_ids: list[str], env: dict[str, str], timeout_s: int = 240) -> dict
     return {str(s["id"]): s for s in json.loads(r.stdout)}
 
 
+def _node_root(node: str) -> Path:
+    from slurm_bt.site_settings import SiteSettings, expand_path
+
+    return Path(expand_path(SiteSettings().storage.node_cache, user="root", uid=0, home="/root", node=node))
+
+
+def _wait_for(pred: object, timeout_s: float = 30.0) -> bool:
+    assert callable(pred)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.5)
+    return bool(pred())
+
+
 def _node_states() -> dict[str, str]:
     out = _run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout
     return dict(line.split() for line in out.splitlines() if line.strip())
@@ -129,7 +147,8 @@ def test_hf_model_and_s3_dataset_read_only_at_mount_locations(dev_cluster: dict[
             ],
         ))
         """)
-    first = _submit(config, site)
+    node = sorted(dev_cluster["nodes"])[0]  # type: ignore[call-overload]
+    first = _submit(config, site, f"--nodelist={node}")
     assert first["staging_job_id"], first  # nothing cached yet: a staging job runs first
     job_id = str(first["job_id"])
     status = _wait([job_id], site)[job_id]
@@ -148,11 +167,18 @@ def test_hf_model_and_s3_dataset_read_only_at_mount_locations(dev_cluster: dict[
     job_dir = Path(str(first["job_dir"]))
     w = read_weights_status(job_dir)
     assert [s["tier"] for s in w["staging"]] == ["miss", "miss"]
-    [(node, entries)] = list(w["nodes"].items())
-    tiers_first = [e["tier"] for e in entries]
-    assert set(tiers_first) <= {"cluster-direct", "cluster-hit"}, entries
+    assert list(w["nodes"]) == [node], w
+    tiers_first = [e["tier"] for e in w["nodes"][node]]
+    # the root prolog copied both from the cluster cache into the node cache
+    assert tiers_first == ["cluster-hit", "cluster-hit"], w
+    assert all(e["path"].startswith(f"{_node_root(node)}/snapshots/") for e in w["nodes"][node]), w
+    assert status["weights"] == w, status  # status --json carries the same view
+    # the epilog released the first job's leases and removed its links (hook points really ran)
+    root = _node_root(node)
+    assert _wait_for(lambda: not (root / "jobs" / job_id).exists()
+                     and not list((root / "leases").glob(f"*/{job_id}"))), list((root / "leases").glob("*/*"))
 
-    # The same sources again, on the same node: no staging job, served from the caches.
+    # The same sources again, on the same node: no staging job, served from the NODE cache.
     second = _submit(config, site, f"--nodelist={node}")
     assert second["staging_job_id"] is None, second
     sid = str(second["job_id"])
@@ -161,11 +187,17 @@ def test_hf_model_and_s3_dataset_read_only_at_mount_locations(dev_cluster: dict[
     assert st2["current_status"] == "TRAINING_JOB_COMPLETED", (st2, logs2)
     [probe2] = [json.loads(m) for m in re.findall(r"PROBE (\{.*\})", logs2)]
     assert probe2["/app/models/m"]["files"] == want_model and probe2["/app/data/d"]["files"] == want_data
-    w2 = read_weights_status(Path(str(second["job_dir"])))
+    assert probe2["/app/models/m"]["writable"] in ("Read-only file system", "Permission denied"), probe2
+    w2 = st2["weights"]
+    assert isinstance(w2, dict) and w2 == read_weights_status(Path(str(second["job_dir"]))), st2
+    assert w2["staging"] == [], w2  # no staging job ran
     tiers_second = [e["tier"] for e in w2["nodes"][node]]
-    # node-hit once the prolog calls node_stage.stage_for_job; cluster-direct in the no-prolog fallback
-    assert set(tiers_second) <= {"node-hit", "cluster-direct"}, w2
-    print(f"\nweights tiers: first job {tiers_first}, second job on {node}: {tiers_second}")
+    assert tiers_second == ["node-hit", "node-hit"], w2
+    table = _run([str(BIN / "slurm-bt"), "status", sid], env=site).stdout
+    lines = [ln.strip() for ln in table.splitlines() if ln.strip().startswith("weights: ")]
+    assert len(lines) == 2 and all(f"node-hit ({node})" in ln for ln in lines), table
+    assert lines[0].startswith("weights: hf://Org/E2E-") and lines[1].startswith(f"weights: s3://weights/e2e-{tag}")
+    print(f"\nweights tiers: first job {tiers_first}, second job on {node}: {tiers_second}\n{table}")
 
 
 def test_bad_source_in_one_of_20_jobs_drains_no_node(dev_cluster: dict[str, object], site: dict[str, str],

@@ -106,7 +106,7 @@ def test_submit_pins_stages_then_skips_staging_when_cached(world: dict[str, obje
     assert f"--dependency=afterok:{sid}" in training.argv and "--kill-on-invalid-dep=yes" in training.argv
     assert slurm.released == [int(sid)]
     record = json.loads(Path(r1.record_path).read_text())  # type: ignore[attr-defined]
-    assert record["staging_job_id"] == sid
+    assert record["staging_job_id"] == sid and record["weights_sources"] == 1
     job_dir = Path(r1.spec.context.job_dir)  # type: ignore[attr-defined]
     plan = read_plan(job_dir)
     [pin] = plan.sources
@@ -363,3 +363,37 @@ def test_cache_cli_warm_ls_inspect_evict(world: dict[str, object], repo: tuple[s
     # a later submission must stage again (the pin record points at an evicted entry)
     r = _submit(world, _project(world["tmp"], [f"hf://{name}"]), FakeSlurm())  # type: ignore[arg-type]
     assert r.staging_job_id is not None  # type: ignore[attr-defined]
+
+
+def test_status_weights_view_reads_only_own_job_dirs_of_jobs_with_weights(tmp_path: Path) -> None:
+    from slurm_bt.cli.status_cmd import render_table
+    from slurm_bt.records import SubmissionRecord
+    from slurm_bt.status import weights_status
+    from slurm_bt.weights.job_status import summary_lines, write_node_status, write_staging_status
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    rec = SubmissionRecord(job_id="7", project_name="p", project_id="p", job_name="j", submit_id="s",
+                           job_dir=str(job_dir), config_path="c.py", submitted_at="t", user="u")
+    write_staging_status(job_dir, 0, {"index": 0, "source": "hf://org/m@" + "c" * 40, "tier": "miss",
+                                      "total_bytes": 12_300_000, "fetched_bytes": 12_300_000, "seconds": 4.1})
+    assert weights_status(rec) is None  # no weights declared: the job dir is not even looked at
+    rec = rec.model_copy(update={"weights_sources": 1})
+    w = weights_status(rec)
+    assert w is not None and summary_lines(w) == [f"weights: hf://org/m@{'c' * 40} staging miss 12.3 MB 4.10s"]
+    entry = {"index": 0, "source": "hf://org/m@cccccccccccc", "tier": "node-hit", "bytes": 12_300_000,
+             "seconds": 0.01, "path": "/x", "mount_location": "/app/m", "view": "bwrap"}
+    write_node_status(job_dir, "n1", [entry])
+    write_node_status(job_dir, "n2", [dict(entry, tier="cluster-hit", seconds=2.5)])
+    w = weights_status(rec)
+    assert w is not None and set(w["nodes"]) == {"n1", "n2"}
+    assert summary_lines(w) == ["weights: hf://org/m@cccccccccccc node-hit (n1), cluster-hit (n2) 12.3 MB 2.50s"]
+    table = render_table([{"id": "7", "current_status": "TRAINING_JOB_RUNNING", "weights": w},
+                          {"id": "8", "weights": None}])
+    assert table[2] == "    weights: hf://org/m@cccccccccccc node-hit (n1), cluster-hit (n2) 12.3 MB 2.50s"
+    assert len(table) == 4
+    assert summary_lines({"nodes": {"n1": [{"index": "x", "bytes": "big"}, 3]}, "staging": 5}) == [
+        "weights: ? ? (n1) 0 B 0.00s"]  # the user's own files, but never a crash on junk
+    if os.geteuid() == 0:  # a folder the caller does not own is not read
+        os.chown(job_dir / "weights", 12345, 12345)
+        assert weights_status(rec) is None
