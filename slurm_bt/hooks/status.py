@@ -20,12 +20,11 @@ The reader side (:func:`read_hook_state`) runs as the job user and imports nothi
 from __future__ import annotations
 
 import json
-import os
-import stat
 from dataclasses import dataclass
 from typing import Any
 
 from slurm_bt.errors import RuntimeFailure
+from slurm_bt.trusted_files import read_trusted_file
 
 __all__ = [
     "PROLOG_ERROR",
@@ -68,17 +67,7 @@ def job_state_path(node: str, job_id: str, root: str = STATE_ROOT) -> str:
 
 def _read_root_note(path: str) -> bytes | None:
     """A small file that only root could have written, or None (absent, or not trustworthy)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o022:
-            return None
-        return os.read(fd, _MAX_NOTE)
-    finally:
-        os.close(fd)
+    return read_trusted_file(path, max_bytes=_MAX_NOTE)
 
 
 def read_hook_state(node: str, job_id: str, root: str = STATE_ROOT) -> HookState:

@@ -47,6 +47,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import RuntimeFailure
+from slurm_bt.trusted_files import read_trusted_file
 from slurm_bt.weights.cache_layout import sha256_fd
 from slurm_bt.weights.manifest import Manifest
 
@@ -143,17 +144,9 @@ def _source_matches(declared: str, manifest: Manifest) -> bool:
 
 def _read_root_json(path: Path) -> Any:
     """JSON from a regular file only root could have written, else None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+    raw = read_trusted_file(path, max_bytes=1 << 20)
+    if raw is None:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o022:
-            return None
-        raw = os.read(fd, 1 << 20)
-    finally:
-        os.close(fd)
     try:
         return json.loads(raw)
     except ValueError:

@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import Problem, SourceAccessError, SourceError, SourceNotFoundError, SourceSpecError
 from slurm_bt.render.quoting import sbatch_directive_value, shq
+from slurm_bt.trusted_files import read_trusted_file
 from slurm_bt.weights.manifest import Manifest, ManifestFile, SourceKind
 from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 
@@ -203,8 +203,8 @@ def cluster_tiers(base: str, team: str, *, dir_mode: int = 0o2770) -> tuple[Clus
 
 
 def _trusted_owner(st: os.stat_result) -> bool:
-    """Written by root or by the requesting user, and not writable by anyone else."""
-    return st.st_uid in (0, os.getuid()) and not (stat.S_IMODE(st.st_mode) & 0o022)
+    """Written by root or by the requesting user (``read_trusted_file`` adds: not writable by others)."""
+    return st.st_uid in (0, os.getuid())
 
 
 def lookup_pin(cache: ClusterCache, key: str) -> Manifest | None:
@@ -215,17 +215,9 @@ def lookup_pin(cache: ClusterCache, key: str) -> Manifest | None:
     user wrote it (a teammate's pin is ignored and the source is re-streamed and re-hashed).
     """
     path = cache.root / "pins" / f"{key}.json"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+    raw = read_trusted_file(path, max_bytes=256 << 20, owner_ok=_trusted_owner)
+    if raw is None:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not _trusted_owner(st) or st.st_size > 256 << 20:
-            return None
-        raw = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
-    finally:
-        os.close(fd)
     try:
         m = Manifest.model_validate_json(raw)
     except ValueError:

@@ -1,0 +1,53 @@
+"""Reading files whose *owner* is what makes them trustworthy.
+
+Several hand-offs cross a trust boundary through a file: the root prolog's verdict for the job's step 1,
+the prolog's record of staged weights, a pin record in a team's cluster cache. The reader must not be
+fooled by a symlink, a FIFO (which would block it), a file someone else could have written, or a huge
+file. One function does this, so every such hand-off is checked the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["owned_by_root", "read_trusted_file"]
+
+
+def owned_by_root(st: os.stat_result) -> bool:
+    """The default rule: written by root."""
+    return st.st_uid == 0
+
+
+def read_trusted_file(path: str | Path, *, max_bytes: int,
+                      owner_ok: Callable[[os.stat_result], bool] = owned_by_root) -> bytes | None:
+    """The content of ``path``, or ``None`` when it is absent or not trustworthy.
+
+    Trustworthy: a regular file (opened without following a symlink, without blocking on a FIFO),
+    whose owner passes ``owner_ok``, that neither group nor others may write, and no larger than
+    ``max_bytes``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or not owner_ok(st) or stat.S_IMODE(st.st_mode) & 0o022
+                or st.st_size > max_bytes):
+            return None
+        chunks = []
+        size = 0
+        while size <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return None if size > max_bytes else b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
