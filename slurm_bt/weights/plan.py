@@ -28,7 +28,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,6 +55,7 @@ __all__ = [
     "SourcePin",
     "WeightsPlan",
     "cluster_tiers",
+    "default_account",
     "job_manifest_path",
     "list_selected",
     "lookup_pin",
@@ -164,23 +165,48 @@ def pin_key(kind: str, source: str, revision: str, files: Sequence[PinnedFile]) 
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def team_for_user(sbatch_args: Sequence[str] = ()) -> str:
+def default_account() -> str | None:
+    """The submitting user's default Slurm account (``sacctmgr``), or None when it cannot be told.
+
+    The job's ``SLURM_JOB_ACCOUNT`` (what the prolog maps to a team) is this account when the user
+    passes no ``--account``.
+    """
+    import pwd
+
+    from slurm_bt.slurm.runner import SubprocessRunner, scrubbed_env
+
+    user = pwd.getpwuid(os.getuid()).pw_name
+    try:
+        result = SubprocessRunner().run(["sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount"],
+                                        env=scrubbed_env(), timeout_s=20)
+    except Exception:
+        return None
+    lines = [ln.strip() for ln in result.stdout.splitlines() if ln.strip()]
+    return lines[0] if result.ok and lines else None
+
+
+def team_for_user(sbatch_args: Sequence[str] = (),
+                  account_lookup: Callable[[], str | None] = default_account) -> str:
     """The team namespace of the cluster cache for the submitting user.
 
     The hooks' team model (``slurm_bt.hooks.teams``): the Slurm account's mapped Unix group when the
-    root-owned ``hooks.toml`` maps the ``--account`` given to bt-sbatch, else the user's primary
-    group. Lower-cased and reduced to a slug because cache directory names must be
-    (``ClusterCache.for_team``).
+    root-owned ``hooks.toml`` maps the job's account, else the user's primary group. The account is
+    the ``--account`` given to bt-sbatch or, when the site maps accounts at all, the user's default
+    account (``account_lookup``), so that staging publishes into the very tier the prolog authorizes.
+    Lower-cased and reduced to a slug because cache directory names must be (``ClusterCache.for_team``).
     """
     group = grp.getgrgid(os.getgid()).gr_name
     account = next((a.split("=", 1)[1] for a in sbatch_args if a.startswith("--account=")), None)
-    if account:
-        try:
-            from slurm_bt.hooks.config import load_hook_settings
+    try:
+        from slurm_bt.hooks.config import load_hook_settings
 
-            group = load_hook_settings().team_groups.get(account, group)
-        except Exception:  # noqa: S110 - no readable policy: the primary group, as the hooks would
-            pass
+        team_groups = load_hook_settings().team_groups
+    except Exception:
+        team_groups = {}
+    if team_groups:
+        account = account or account_lookup()
+        if account:
+            group = team_groups.get(account, group)
     return team_slug(group)
 
 

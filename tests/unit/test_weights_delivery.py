@@ -397,3 +397,31 @@ def test_status_weights_view_reads_only_own_job_dirs_of_jobs_with_weights(tmp_pa
     if os.geteuid() == 0:  # a folder the caller does not own is not read
         os.chown(job_dir / "weights", 12345, 12345)
         assert weights_status(rec) is None
+
+
+def test_team_for_user_follows_the_default_account_when_the_site_maps_accounts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Staging must publish into the tier the prolog will authorize against (SLURM_JOB_ACCOUNT)."""
+    import grp
+    import types
+
+    from slurm_bt.hooks import config as hook_config
+    from slurm_bt.weights.plan import team_for_user, team_slug
+
+    primary = team_slug(grp.getgrgid(os.getgid()).gr_name)
+    asked: list[str] = []
+
+    def lookup() -> str | None:
+        asked.append("sacctmgr")
+        return "ml"
+
+    monkeypatch.setattr(hook_config, "load_hook_settings",
+                        lambda *a, **k: types.SimpleNamespace(team_groups={"ml": "mlteam"}))
+    assert team_for_user((), account_lookup=lookup) == "mlteam"  # default account, mapped
+    assert team_for_user(("--account=ml",), account_lookup=lookup) == "mlteam"
+    assert team_for_user(("--account=other",), account_lookup=lookup) == primary  # unmapped account
+    assert asked == ["sacctmgr"]  # only asked when no --account was given
+    monkeypatch.setattr(hook_config, "load_hook_settings", lambda *a, **k: types.SimpleNamespace(team_groups={}))
+    asked.clear()
+    assert team_for_user((), account_lookup=lookup) == primary
+    assert asked == []  # sites that map no accounts never pay for the lookup
