@@ -27,7 +27,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +45,7 @@ from slurm_bt.weights.cache_layout import (
     sha256_fd,
     tmp_name,
 )
-from slurm_bt.weights.locks import LockOptions, process_start_time, weak_lock
+from slurm_bt.weights.locks import LockOptions, optional_lock, process_start_time
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
 __all__ = ["Authorizer", "CacheStats", "ClusterCache", "EntryInfo", "Fetcher", "blob_present", "cache_stats", "gc_temp",
@@ -292,14 +292,8 @@ class ClusterCache:
         write_file_atomic(path, manifest.canonical_json(), mode=0o444)
         return path
 
-    @contextlib.contextmanager
-    def _lock(self, name: str, options: LockOptions | None = None) -> Iterator[None]:
-        opts = options or self.lock_options
-        if not (opts.use_flock or opts.use_lockfile):
-            yield
-            return
-        with weak_lock(self.layout.lock(name), opts):
-            yield
+    def _lock(self, name: str, options: LockOptions | None = None) -> contextlib.AbstractContextManager[None]:
+        return optional_lock(self.layout.lock(name), options or self.lock_options)
 
     # -- listing and housekeeping -----------------------------------------------------------------
 

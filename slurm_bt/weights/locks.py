@@ -40,7 +40,8 @@ from pathlib import Path
 
 from slurm_bt.errors import CacheLockTimeout
 
-__all__ = ["LockOptions", "LockOwner", "WeakLock", "process_start_time", "read_lock_owner", "weak_lock"]
+__all__ = ["LockOptions", "LockOwner", "WeakLock", "optional_lock", "process_start_time", "read_lock_owner",
+           "weak_lock"]
 
 _log = logging.getLogger("slurm_bt.weights.locks")
 
@@ -310,3 +311,17 @@ def weak_lock(lock_path: Path, options: LockOptions | None = None) -> Iterator[W
         yield lock
     finally:
         lock.release()
+
+
+@contextlib.contextmanager
+def optional_lock(lock_path: Path, options: LockOptions) -> Iterator[None]:
+    """:func:`weak_lock`, or no lock at all when ``options`` turn both mechanisms off.
+
+    Locks only save duplicate work (correctness never depends on them), so a cache can run without
+    any; the tests use that to prove it.
+    """
+    if not (options.use_flock or options.use_lockfile):
+        yield
+        return
+    with weak_lock(lock_path, options):
+        yield

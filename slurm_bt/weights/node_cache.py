@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -56,7 +56,7 @@ from slurm_bt.weights.cluster_cache import (
     unique_blobs,
 )
 from slurm_bt.weights.eviction import EvictionCandidate, EvictionPlan, EvictionResult, plan_lru_eviction
-from slurm_bt.weights.locks import LockOptions, weak_lock
+from slurm_bt.weights.locks import LockOptions, optional_lock
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
 __all__ = ["NodeCache", "epilog_enforce_lru", "epilog_release_leases", "validate_job_id"]
@@ -455,14 +455,8 @@ class NodeCache:
         """Remove temp debris of dead writers (node-local, so pids are checked directly)."""
         return gc_temp(self.layout, older_than_s)
 
-    @contextlib.contextmanager
-    def _lock(self, name: str, options: LockOptions | None = None) -> Iterator[None]:
-        opts = options or self.lock_options
-        if not (opts.use_flock or opts.use_lockfile):
-            yield
-            return
-        with weak_lock(self.layout.lock(name), opts):
-            yield
+    def _lock(self, name: str, options: LockOptions | None = None) -> contextlib.AbstractContextManager[None]:
+        return optional_lock(self.layout.lock(name), options or self.lock_options)
 
 
 # -- epilog hook points (slurm_bt.hooks.extensions looks them up here by name) -------------------------

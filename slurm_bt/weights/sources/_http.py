@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError, SourceUnavailableError
+from slurm_bt.weights.sources.base import BodyStream
 
-__all__ = ["HttpRangeStream", "http_status_error", "make_pool", "open_http_range"]
+__all__ = ["http_status_error", "make_pool", "open_http_range"]
 
 
 def make_pool(connect_timeout_s: float, read_timeout_s: float, max_connections: int) -> Any:
@@ -47,38 +48,6 @@ def http_status_error(status: int, uri: str, *, file: str | None, offset: int | 
     return SourceError(uri, f"unexpected HTTP {status} for {what}", file=file, offset=offset)
 
 
-class HttpRangeStream:
-    """A urllib3 response body behind the :class:`~slurm_bt.weights.sources.base.RangeStream` API."""
-
-    def __init__(self, response: Any, partial: bool, uri: str, file: str, start: int) -> None:
-        self._response = response
-        self.partial = partial
-        self._uri = uri
-        self._file = file
-        self._pos = start
-
-    def read(self, n: int) -> bytes:
-        """Up to ``n`` bytes; network errors become :class:`SourceUnavailableError`."""
-        import urllib3.exceptions
-
-        try:
-            data: bytes = self._response.read(n)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise SourceUnavailableError(
-                self._uri, f"connection failed while reading: {type(exc).__name__}: {exc}",
-                file=self._file, offset=self._pos, transient=True,
-            ) from exc
-        self._pos += len(data)
-        return data
-
-    def close(self) -> None:
-        """Drop the connection if the body was not fully read (never reuse a half-read socket)."""
-        try:
-            self._response.release_conn() if self._response.isclosed() else self._response.close()
-        except Exception:  # noqa: S110 - closing must never mask the real error
-            pass
-
-
 def open_http_range(
     pool: Any,
     url: str,
@@ -88,7 +57,7 @@ def open_http_range(
     start: int,
     end: int | None,
     headers: Mapping[str, str],
-) -> HttpRangeStream:
+) -> BodyStream:
     """GET ``url`` for bytes ``[start, end)``; ``partial`` tells whether the Range was honoured.
 
     Raises:
@@ -110,4 +79,10 @@ def open_http_range(
         resp.drain_conn()
         resp.release_conn()
         raise http_status_error(resp.status, uri, file=file, offset=start, what=f"file {file!r}")
-    return HttpRangeStream(resp, resp.status == 206, uri, file, start)
+    import urllib3.exceptions
+
+    def close() -> None:  # never reuse a half-read socket
+        resp.release_conn() if resp.isclosed() else resp.close()
+
+    return BodyStream(resp.read, close, partial=resp.status == 206, uri=uri, file=file, start=start,
+                      errors=(urllib3.exceptions.HTTPError, OSError))

@@ -11,15 +11,17 @@ range** of one file pinned to that revision. Everything that makes downloads fas
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from slurm_bt.errors import SourceError
+from slurm_bt.errors import SourceError, SourceUnavailableError
 from slurm_bt.weights.manifest import ManifestFile, SourceKind
 from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 from slurm_bt.weights.sources.uri import SourceUri
 
 __all__ = [
+    "BodyStream",
     "Listing",
     "RangeStream",
     "RemoteFile",
@@ -99,6 +101,43 @@ class RangeStream(Protocol):
     def close(self) -> None:
         """Release the connection (never raises)."""
         ...
+
+
+class BodyStream:
+    """Any client's response body behind the :class:`RangeStream` API.
+
+    Read failures of the listed types become :class:`SourceUnavailableError` naming the source, the
+    file and the byte offset reached, so the engine can resume from there whatever the client.
+    """
+
+    def __init__(self, read: Callable[[int], bytes], close: Callable[[], None], *, partial: bool, uri: str,
+                 file: str, start: int, errors: tuple[type[BaseException], ...] = (Exception,)) -> None:
+        self._read = read
+        self._close = close
+        self.partial = partial
+        self._uri = uri
+        self._file = file
+        self._pos = start
+        self._errors = errors
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes; ``b""`` at end."""
+        try:
+            data = self._read(n)
+        except self._errors as exc:
+            raise SourceUnavailableError(
+                self._uri, f"connection failed while reading: {type(exc).__name__}: {exc}",
+                file=self._file, offset=self._pos, transient=True,
+            ) from exc
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        """Release the connection; closing must never mask the real error."""
+        try:
+            self._close()
+        except Exception:  # noqa: S110
+            pass
 
 
 class Source(Protocol):

@@ -20,7 +20,7 @@ from typing import Any
 from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError, SourceUnavailableError
 from slurm_bt.weights.manifest import ManifestFile
 from slurm_bt.weights.sources._retry import retry_transient
-from slurm_bt.weights.sources.base import Listing, RangeStream, RemoteFile, TransportOptions
+from slurm_bt.weights.sources.base import BodyStream, Listing, RangeStream, RemoteFile, TransportOptions
 from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 from slurm_bt.weights.sources.uri import SourceUri
 
@@ -46,34 +46,6 @@ def safe_relative_path(path: str) -> bool:
         and all(p not in {"", ".", ".."} for p in path.split("/"))
         and not any(ord(c) < 0x20 or c == "\x7f" for c in path)
     )
-
-
-class _BotoStream:
-    """A botocore StreamingBody behind the RangeStream API."""
-
-    def __init__(self, body: Any, partial: bool, uri: str, file: str, start: int) -> None:
-        self._body = body
-        self.partial = partial
-        self._uri = uri
-        self._file = file
-        self._pos = start
-
-    def read(self, n: int) -> bytes:
-        try:
-            data: bytes = self._body.read(n)
-        except Exception as exc:  # botocore/urllib3 read errors have no common base besides Exception
-            raise SourceUnavailableError(
-                self._uri, f"connection failed while reading: {type(exc).__name__}: {exc}",
-                file=self._file, offset=self._pos, transient=True,
-            ) from exc
-        self._pos += len(data)
-        return data
-
-    def close(self) -> None:
-        try:
-            self._body.close()
-        except Exception:  # noqa: S110 - closing must never mask the real error
-            pass
 
 
 class S3Source:
@@ -225,7 +197,10 @@ class S3Source:
         except Exception as exc:
             raise self._map_error(exc, file=file.path, offset=start) from exc
         partial = "ContentRange" in resp
-        return _BotoStream(resp["Body"], partial, self.uri.canonical, file.path, start)
+        body = resp["Body"]
+        # botocore/urllib3 read errors have no common base besides Exception
+        return BodyStream(body.read, body.close, partial=partial, uri=self.uri.canonical, file=file.path,
+                          start=start)
 
     def _open_presigned(self, file: ManifestFile, start: int, end: int | None) -> RangeStream:
         """The same GET as a presigned URL read by the shared urllib3 range engine.
