@@ -33,14 +33,8 @@ def host_load_dir(spec: JobSpec, job_id: str, node: str | None) -> Path | None:
     """The host path behind ``BT_LOAD_CHECKPOINT_DIR`` (the bind source inside containers)."""
     if not spec.load_checkpoint.enabled:
         return None
-    layout = job_layout(spec, job_id=job_id, node=node)
-    value = dict(layout.env).get("BT_LOAD_CHECKPOINT_DIR")
-    if value is None:
-        return None
-    for bind in layout.binds:
-        if bind.target == value:
-            return Path(bind.source)
-    return Path(value)
+    host = job_layout(spec, job_id=job_id, node=node).host_path("BT_LOAD_CHECKPOINT_DIR")
+    return Path(host) if host is not None else None
 
 
 def download_pinned(spec: JobSpec, dest_root: Path) -> int:

@@ -162,14 +162,7 @@ def host_checkpoint_dir(spec: JobSpec, job_id: str, node: str | None) -> str | N
     """
     if not spec.checkpointing.enabled:
         return None
-    layout = job_layout(spec, job_id=job_id, node=node)
-    value = dict(layout.env).get("BT_CHECKPOINT_DIR")
-    if value is None:
-        return None
-    for bind in layout.binds:
-        if bind.target == value:
-            return bind.source
-    return value
+    return job_layout(spec, job_id=job_id, node=node).host_path("BT_CHECKPOINT_DIR")
 
 
 def handoff_root(spec_storage: dict[str, str], node: str | None) -> str:

@@ -55,6 +55,17 @@ class JobLayout:
     binds: tuple[BindMount, ...]
     workdir: str
 
+    def host_path(self, variable: str) -> str | None:
+        """The host path behind a ``BT_*`` directory variable (None when the job does not set it).
+
+        Inside a container the variable names the container path; host-side code (uploaders,
+        downloaders) follows the bind mount that shows it back to its source.
+        """
+        value = dict(self.env).get(variable)
+        if value is None:
+            return None
+        return next((b.source for b in self.binds if b.target == value), value)
+
 
 def runtime_dir(spec: JobSpec, job_id: str) -> str:
     """The per-job private runtime directory (tmpfs), the same path on every node."""
