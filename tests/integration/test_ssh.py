@@ -1,7 +1,7 @@
 """Remote use over a real OpenSSH server on 127.0.0.1: submit, status and logs with ``--host``.
 
 A session fixture starts ``/usr/sbin/sshd`` with its own host key and config in a temp dir
-(``ListenAddress=127.0.0.1``, a free port, its own PidFile) and stops it by that PID. The remote
+(``ListenAddress=127.0.0.1``, a free port) in the foreground (``-D``) and stops that child process. The remote
 user is created with useradd and unlocked for key login; the test writes its authorized_keys. The
 client side is the console scripts run with ``HOME`` pointing at a temp dir that holds the ssh
 config (HostName/User/Port/IdentityFile) and known_hosts, so the real ~/.ssh is never touched.
@@ -13,7 +13,6 @@ import json
 import os
 import pwd
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -87,23 +86,31 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         Subsystem sftp internal-sftp
         LogLevel VERBOSE
         """))
-    subprocess.run(["/usr/sbin/sshd", "-f", str(config), "-E", str(root / "sshd.log"),
-                    "-o", "ListenAddress=127.0.0.1", "-o", f"Port={port}"], check=True)
-    pid_file = root / "sshd.pid"
-    for _ in range(100):
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-        except OSError:
-            time.sleep(0.05)
-    pid = int(pid_file.read_text().split()[0])
+    # -D keeps sshd in the foreground as our child: its PID is known without a pid file (the daemon
+    # writes PidFile only after it starts listening, so polling the port then reading it raced).
+    log = root / "sshd.log"
+    proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-f", str(config), "-E", str(log),
+                             "-o", "ListenAddress=127.0.0.1", "-o", f"Port={port}"])
     try:
+        deadline = time.monotonic() + 20
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"sshd exited with {proc.returncode}: {log.read_text() if log.exists() else ''}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"sshd did not listen on {port}: {log.read_text() if log.exists() else ''}")
+                time.sleep(0.05)
         yield Sshd(port, " ".join((root / "host_key.pub").read_text().split()[:2]), root / "client_key", root)
     finally:
-        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sshd") or b"sshd" in Path(
-            f"/proc/{pid}/cmdline"
-        ).read_bytes():
-            os.kill(pid, signal.SIGTERM)
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _client_home(base: Path, sshd: Sshd, *, known: bool) -> dict[str, str]:
