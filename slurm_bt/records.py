@@ -8,19 +8,20 @@ atomically. Slurm stays the source of truth for *state*; the record holds what S
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-
-from pydantic import BaseModel, ConfigDict
-
-from slurm_bt.atomic import write_file_atomic
+from typing import Any
 
 __all__ = ["SubmissionRecord", "list_records", "read_record", "write_record"]
 
 
-class SubmissionRecord(BaseModel):
-    """What was submitted, by whom, from where."""
+@dataclass(frozen=True)
+class SubmissionRecord:
+    """What was submitted, by whom, from where.
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    A plain dataclass, not a pydantic model: ``slurm-bt status --project`` reads a thousand of
+    these before its one ``sacct`` call, and importing pydantic alone costs more than that call.
+    """
 
     job_id: str
     project_name: str
@@ -37,6 +38,41 @@ class SubmissionRecord(BaseModel):
     #: status files only when this is non-zero (records written before it existed say 0).
     weights_sources: int = 0
 
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> SubmissionRecord:
+        """Parse and type-check one record file; unknown keys (from newer versions) are ignored.
+
+        Raises:
+            ValueError: not JSON, a required key is missing, or a value has the wrong type.
+        """
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("a submission record is a JSON object")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                if f.name in _OPTIONAL:
+                    continue
+                raise ValueError(f"missing {f.name}")
+            value = data[f.name]
+            if f.name == "weights_sources":
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            elif f.name == "staging_job_id":
+                ok = value is None or isinstance(value, str)
+            else:
+                ok = isinstance(value, str)
+            if not ok:
+                raise ValueError(f"{f.name} has the wrong type")
+            values[f.name] = value
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON-ready mapping written to the record file."""
+        return asdict(self)
+
+
+_OPTIONAL = frozenset({"staging_job_id", "weights_sources"})
+
 
 def _records_dir(workspace: Path) -> Path:
     return workspace / "records"
@@ -44,10 +80,12 @@ def _records_dir(workspace: Path) -> Path:
 
 def write_record(workspace: Path, record: SubmissionRecord) -> Path:
     """Publish ``record`` under the workspace (temp + fsync + rename)."""
+    from slurm_bt.atomic import write_file_atomic  # ctypes and secrets: only writers pay for them
+
     folder = _records_dir(workspace)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = folder / f"{record.job_id}.json"
-    write_file_atomic(path, json.dumps(record.model_dump(), indent=2).encode() + b"\n", mode=0o600)
+    write_file_atomic(path, json.dumps(record.as_dict(), indent=2).encode() + b"\n", mode=0o600)
     return path
 
 
@@ -55,7 +93,7 @@ def read_record(workspace: Path, job_id: str) -> SubmissionRecord | None:
     """The record of ``job_id``, or ``None`` if this workspace never submitted it."""
     path = _records_dir(workspace) / f"{job_id}.json"
     try:
-        return SubmissionRecord.model_validate_json(path.read_bytes())
+        return SubmissionRecord.from_json(path.read_bytes())
     except (OSError, ValueError):
         return None
 
@@ -68,7 +106,7 @@ def list_records(workspace: Path, project: str | None = None) -> list[Submission
         return []
     for path in folder.glob("*.json"):
         try:
-            rec = SubmissionRecord.model_validate_json(path.read_bytes())
+            rec = SubmissionRecord.from_json(path.read_bytes())
         except (OSError, ValueError):
             continue
         if project is None or project in (rec.project_name, rec.project_id):

@@ -19,13 +19,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Literal
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurm_bt.errors import Problem, SiteConfigError
+from slurm_bt.site_file import (
+    DEFAULT_SITE_PATH,
+    SITE_ENV_VAR,
+    STORAGE_DEFAULTS,
+    check_storage_path,
+    expand_path,
+    read_site_table,
+    user_path,
+)
 from slurm_bt.weights.sources.config import SourceEndpoints
 
 __all__ = [
@@ -39,12 +46,6 @@ __all__ = [
     "load_site_settings",
     "user_path",
 ]
-
-DEFAULT_SITE_PATH = Path("/etc/slurm-bt/site.toml")
-SITE_ENV_VAR = "SLURM_BT_SITE_CONFIG"
-
-_DEV_SHARED = "/var/lib/slurm-bt-dev/shared"
-_DEV_NODE = "/var/lib/slurm-bt-dev/node/%n"
 
 SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 
@@ -80,23 +81,19 @@ class StorageRoots(_Strict):
         secrets: each user's secret store (read on the nodes as the user at run time).
     """
 
-    cluster_cache: str = f"{_DEV_SHARED}/weights"
-    node_cache: str = f"{_DEV_NODE}/weights"
-    scratch: str = f"{_DEV_NODE}/scratch"
-    cache: str = f"{_DEV_SHARED}/cache"
-    checkpoint_store: str = f"file://{_DEV_SHARED}/checkpoints"
-    workspace: str = "{home}/.slurm-bt"
-    runtime: str = "/dev/shm"
-    secrets: str = "{home}/.config/slurm-bt/secrets"
+    cluster_cache: str = STORAGE_DEFAULTS["cluster_cache"]
+    node_cache: str = STORAGE_DEFAULTS["node_cache"]
+    scratch: str = STORAGE_DEFAULTS["scratch"]
+    cache: str = STORAGE_DEFAULTS["cache"]
+    checkpoint_store: str = STORAGE_DEFAULTS["checkpoint_store"]
+    workspace: str = STORAGE_DEFAULTS["workspace"]
+    runtime: str = STORAGE_DEFAULTS["runtime"]
+    secrets: str = STORAGE_DEFAULTS["secrets"]
 
     @field_validator("cluster_cache", "node_cache", "scratch", "cache", "workspace", "runtime", "secrets")
     @classmethod
     def _absolute(cls, v: str) -> str:
-        if not (v.startswith("/") or v.startswith("{home}")):
-            raise ValueError("must be an absolute path (or start with {home})")
-        if "\n" in v or "\0" in v or ".." in v.split("/"):
-            raise ValueError("must not contain '..', newlines or NUL")
-        return v
+        return check_storage_path(v)
 
     @field_validator("checkpoint_store")
     @classmethod
@@ -219,14 +216,6 @@ class SiteSettings(_Strict):
         return v
 
 
-def _site_path(path: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> tuple[Path, bool]:
-    if path is not None:
-        return Path(path), True
-    if environ.get(SITE_ENV_VAR):
-        return Path(environ[SITE_ENV_VAR]), True
-    return DEFAULT_SITE_PATH, False
-
-
 def load_site_settings(
     path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> SiteSettings:
@@ -240,21 +229,9 @@ def load_site_settings(
         SiteConfigError: the file was named but is missing, is unreadable, is not TOML, or has an
             invalid or unknown key. Every problem is reported, one line each.
     """
-    env = os.environ if environ is None else environ
-    site_path, required = _site_path(path, env)
-    source = str(site_path)
-    try:
-        raw = site_path.read_bytes()
-    except FileNotFoundError:
-        if required:
-            raise SiteConfigError(source, [Problem("", "site configuration file not found")]) from None
+    source, data = read_site_table(path, environ)
+    if data is None:
         return SiteSettings()
-    except OSError as exc:
-        raise SiteConfigError(source, [Problem("", f"cannot read site configuration: {exc.strerror}")]) from exc
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise SiteConfigError(source, [Problem("", f"not valid TOML: {exc}")]) from exc
     try:
         return SiteSettings.model_validate(data)
     except ValidationError as exc:
@@ -269,23 +246,3 @@ def _site_message(err: Mapping[str, object]) -> str:
         return "unknown setting"
     msg = str(err.get("msg", "invalid"))
     return msg.removeprefix("Value error, ")
-
-
-def user_path(template: str) -> str:
-    """Expand a storage template for the current user (from passwd by uid, never ``$HOME``)."""
-    import pwd
-
-    pw = pwd.getpwuid(os.getuid())
-    return expand_path(template, user=pw.pw_name, uid=pw.pw_uid, home=pw.pw_dir)
-
-
-def expand_path(template: str, *, user: str, uid: int, home: str, node: str | None = None) -> str:
-    """Expand ``{user}``, ``{uid}``, ``{home}`` and (on a compute node) ``%n`` in a storage root.
-
-    Why not ``str.format``: a root is admin input and may legitimately contain other braces; only
-    these four tokens are substituted.
-    """
-    out = template.replace("{user}", user).replace("{uid}", str(uid)).replace("{home}", home)
-    if node is not None:
-        out = out.replace("%n", node)
-    return out

@@ -48,10 +48,10 @@ def make_client() -> SlurmClient:
 
 
 def workspace() -> Path:
-    """The caller's workspace (records, job dirs), from the site settings."""
-    from slurm_bt.site_settings import load_site_settings, user_path
+    """The caller's workspace (records, job dirs): the one site setting the job verbs need (no pydantic)."""
+    from slurm_bt.site_file import storage_root, user_path
 
-    return Path(user_path(load_site_settings().storage.workspace))
+    return Path(user_path(storage_root("workspace")))
 
 
 def load_records(

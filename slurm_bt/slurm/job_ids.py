@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 __all__ = ["STEP_NAMES", "JobId", "format_job_id", "parse_job_id", "try_parse_job_id"]
 
@@ -98,11 +99,13 @@ def format_job_id(job_id: JobId) -> str:
     return out
 
 
+@lru_cache(maxsize=8192)
 def parse_job_id(text: str) -> JobId:
     """Parse one job id such as ``123``, ``123_4``, ``123_[1-3%2]``, ``123+0`` or ``123_4.batch``.
 
     Surrounding whitespace is ignored; anything else that does not fit the grammar in the module
-    docstring is rejected.
+    docstring is rejected. Cached: a status query parses each id several times (argument, argv,
+    sacct row) and :class:`JobId` is immutable.
 
     Raises:
         ValueError: ``text`` is not a Slurm job id.

@@ -183,3 +183,41 @@ def test_status_with_slurmdbd_stopped_names_it_and_shows_live_jobs(
         assert job in st.stdout and "TRAINING_JOB_RUNNING" in st.stdout
     finally:
         subprocess.run(["scancel", job], capture_output=True)
+
+
+def test_project_status_runs_without_heavy_imports(dev_cluster: dict[str, object], tmp_path: Path) -> None:
+    """``status --project`` answers from records + one sacct call without importing pydantic or storage clients.
+
+    Why it matters: the status benchmark compares it with the raw sacct call, and pydantic's import
+    alone used to cost more than that call.
+    """
+    from slurm_bt.records import SubmissionRecord, write_record
+
+    job = subprocess.run(["sbatch", "--parsable", "--hold", "-J", "light", "-o", "/dev/null", "--wrap", "true"],
+                         capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    try:
+        site = tmp_path / "site.toml"
+        site.write_text(f'[storage]\nworkspace = "{tmp_path}/ws"\n')
+        write_record(tmp_path / "ws", SubmissionRecord(
+            job_id=job, project_name="light", project_id="light", job_name="light", submit_id="s",
+            job_dir=str(tmp_path / "job"), config_path="/c/config.py", submitted_at="2026-01-01", user="root"))
+        code = textwrap.dedent("""
+            import sys
+            from slurm_bt.cli.main import cli
+            try:
+                cli(["status", "--project", "light", "--json"], prog_name="slurm-bt")
+            except SystemExit as exc:
+                assert not exc.code, exc.code
+            heavy = {"pydantic", "boto3", "botocore", "paramiko", "huggingface_hub", "fsspec", "ctypes"}
+            print("HEAVY", sorted(m for m in sys.modules if m.split(".")[0] in heavy), file=sys.stderr)
+            """)
+        env = {**os.environ, "SLURM_BT_SITE_CONFIG": str(site)}
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        rows = json.loads(proc.stdout)
+        assert [(r["id"], r["current_status"], r["training_project"]["name"]) for r in rows] == [
+            (job, "TRAINING_JOB_PENDING", "light")
+        ]
+        assert "HEAVY []" in proc.stderr, proc.stderr
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)

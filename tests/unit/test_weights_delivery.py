@@ -6,6 +6,7 @@ live in tmp dirs. The real-cluster versions are in tests/integration/test_weight
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -378,7 +379,7 @@ def test_status_weights_view_reads_only_own_job_dirs_of_jobs_with_weights(tmp_pa
     write_staging_status(job_dir, 0, {"index": 0, "source": "hf://org/m@" + "c" * 40, "tier": "miss",
                                       "total_bytes": 12_300_000, "fetched_bytes": 12_300_000, "seconds": 4.1})
     assert weights_status(rec) is None  # no weights declared: the job dir is not even looked at
-    rec = rec.model_copy(update={"weights_sources": 1})
+    rec = dataclasses.replace(rec, weights_sources=1)
     w = weights_status(rec)
     assert w is not None and summary_lines(w) == [f"weights: hf://org/m@{'c' * 40} staging miss 12.3 MB 4.10s"]
     entry = {"index": 0, "source": "hf://org/m@cccccccccccc", "tier": "node-hit", "bytes": 12_300_000,
