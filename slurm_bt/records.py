@@ -8,11 +8,14 @@ atomically. Slurm stays the source of truth for *state*; the record holds what S
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SubmissionRecord", "list_records", "read_record", "write_record"]
+from slurm_bt.slurm.job_ids import parse_job_id, try_parse_job_id
+
+__all__ = ["SubmissionRecord", "ids_to_query", "list_records", "read_record", "select_records", "write_record"]
 
 
 @dataclass(frozen=True)
@@ -112,3 +115,34 @@ def list_records(workspace: Path, project: str | None = None) -> list[Submission
         if project is None or project in (rec.project_name, rec.project_id):
             out.append(rec)
     return sorted(out, key=lambda r: (r.submitted_at, r.job_id), reverse=True)
+
+
+def select_records(
+    workspace: Path, job_ids: Sequence[str] = (), project: str | None = None, *, everything: bool = False
+) -> dict[str, SubmissionRecord]:
+    """The records of ``job_ids``, or all of ``project``'s, or all (``everything``), newest first."""
+    if project is not None or everything:
+        return {r.job_id: r for r in list_records(workspace, project)}
+    out = {}
+    for jid in job_ids:
+        rec = read_record(workspace, jid) if "/" not in jid else None
+        if rec is not None:
+            out[jid] = rec
+    return out
+
+
+def ids_to_query(job_ids: Sequence[str], records: Mapping[str, SubmissionRecord]) -> list[str]:
+    """What one status query asks ``sacct`` about: each job, then the staging jobs they depend on.
+
+    Canonical (``str(JobId)``) and without duplicates, so the same question is always the same argv.
+
+    Raises:
+        ValueError: a job id is not a Slurm job id.
+    """
+    wanted = [str(parse_job_id(j)) for j in job_ids]
+    for jid in job_ids:
+        rec = records.get(jid)
+        sid = try_parse_job_id(rec.staging_job_id) if rec is not None and rec.staging_job_id else None
+        if sid is not None:
+            wanted.append(str(sid))
+    return list(dict.fromkeys(wanted))

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.errors import Problem, SlurmCommandError, UserError
+from slurm_bt.records import ids_to_query
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.job_ids import JobId, parse_job_id, try_parse_job_id
 from slurm_bt.slurm.sacct import SacctRow, latest_runs
@@ -220,7 +221,7 @@ def query_statuses(
         sid = try_parse_job_id(rec.staging_job_id) if rec is not None and rec.staging_job_id else None
         if sid is not None:
             staging_ids[jid] = sid
-    wanted = list(dict.fromkeys([str(j) for _, j in asked] + [str(s) for s in staging_ids.values()]))
+    wanted = ids_to_query(job_ids, records)
     report = StatusReport(statuses=[])
     try:
         rows = client.query(wanted, duplicates=True, retries=retries, retry_delay_s=retry_delay_s)

@@ -58,17 +58,9 @@ def load_records(
     job_ids: Sequence[str] = (), project: str | None = None, *, everything: bool = False
 ) -> dict[str, SubmissionRecord]:
     """The caller's own submission records: of ``job_ids``, all of ``project``, or all (newest first)."""
-    from slurm_bt.records import list_records, read_record
+    from slurm_bt.records import select_records
 
-    ws = workspace()
-    if project is not None or everything:
-        return {r.job_id: r for r in list_records(ws, project)}
-    out = {}
-    for jid in job_ids:
-        rec = read_record(ws, jid) if "/" not in jid else None
-        if rec is not None:
-            out[jid] = rec
-    return out
+    return select_records(workspace(), job_ids, project, everything=everything)
 
 
 def remote_json(host: str, argv: Sequence[str], accept_new: bool) -> Any:
