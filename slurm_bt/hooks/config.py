@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -66,6 +66,11 @@ class HookSettings(BaseModel):
         node_cache_budget_s: time the epilog gives the node-cache hook points.
         team_groups: Slurm account → Unix group owning that account's team and project caches;
             accounts not listed use the job's primary group (``SLURM_JOB_GID``).
+        stale_scratch_after_s: the prolog removes scratch of jobs that are not active on the node
+            (their epilog never ran: node crash) once older than this; ``0`` turns that off.
+        resume_handoffs: ``background`` (default): an epilog that hands checkpoints off starts a
+            detached, niced sweep that finishes the upload after the node is released; ``off``:
+            only the periodic ``slurm-bt checkpoints resume-handoffs`` does.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -78,6 +83,8 @@ class HookSettings(BaseModel):
     flush_budget_s: float = Field(default=45.0, ge=0, le=3600)
     node_cache_budget_s: float = Field(default=10.0, ge=0, le=3600)
     team_groups: dict[_Account, _GroupName] = Field(default_factory=dict)
+    stale_scratch_after_s: float = Field(default=3600.0, ge=0)
+    resume_handoffs: Literal["background", "off"] = "background"
 
 
 def _read_root_owned(path: Path) -> bytes | None:

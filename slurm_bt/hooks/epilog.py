@@ -32,17 +32,17 @@ from slurm_bt.hooks.safefs import (
     UnsafeEntry,
     UntrustedPath,
     ensure_dir_at,
-    mount_points_under,
+    mount_points_below,
     open_trusted_dir,
     remove_tree_at,
     write_file_at,
 )
+from slurm_bt.hooks.sweep import HANDOFF_DIR
 from slurm_bt.site_settings import expand_path
 
 __all__ = ["CHECKPOINT_REL", "HANDOFF_DIR", "epilog_body", "main", "remove_scratch"]
 
 CHECKPOINT_REL = ("mnt", "checkpoints")
-HANDOFF_DIR = ".slurm-bt-handoff"
 
 
 def _has_checkpoints(root_fd: int, job_id: str) -> bool:
@@ -99,8 +99,8 @@ def remove_scratch(ctx: HookContext, *, keep_checkpoints: bool) -> None:
         if stat.S_ISDIR(st.st_mode) and keep_checkpoints and _has_checkpoints(fd, env.job_id):
             keep = frozenset({CHECKPOINT_REL})
         path = f"{os.path.realpath(root)}/{env.job_id}"
-        mounts = frozenset(tuple(m[len(path) + 1:].split("/")) for m in mount_points_under(path))
-        report = remove_tree_at(fd, env.job_id, deadline=ctx.deadline - 3.0, keep=keep, mount_points=mounts)
+        report = remove_tree_at(fd, env.job_id, deadline=ctx.deadline - 3.0, keep=keep,
+                                mount_points=mount_points_below(path))
         ctx.notes.append(f"scratch removed files={report.files} dirs={report.dirs}")
         if report.kept:
             ctx.notes.append("kept " + ",".join(report.kept))
@@ -120,16 +120,31 @@ def epilog_body(ctx: HookContext) -> None:
     """The epilog's work (see the module docstring)."""
     env = ctx.env
     ctx.phase = "checkpoint-flush"
-    confirmed = flush_checkpoints(env, ctx.budget(ctx.settings.flush_budget_s, reserve_s=20.0), ctx.log)
+    flushed = flush_checkpoints(env, ctx.budget(ctx.settings.flush_budget_s, reserve_s=20.0), ctx.log)
     ctx.phase = "node-cache"
     release_node_cache_leases(env, ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0), ctx.log,
                               ctx.site_path)
     enforce_node_cache_lru(env, ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0), ctx.log,
                            ctx.site_path)
     ctx.phase = "scratch"
-    remove_scratch(ctx, keep_checkpoints=not confirmed)
+    remove_scratch(ctx, keep_checkpoints=flushed != "done")
     ctx.phase = "notes"
     JobStateDir(env, ctx.state_root).remove(deadline=ctx.deadline - 1.0)
+    if flushed == "handed-off" and ctx.settings.resume_handoffs == "background":
+        ctx.phase = "handoff-sweep"
+        _start_handoff_sweep(ctx)
+
+
+def _start_handoff_sweep(ctx: HookContext) -> None:
+    """Finish the hand-off now, detached, so the node is released while the upload completes."""
+    from slurm_bt.checkpoints.handoff import start_background_sweep
+
+    try:
+        pid = start_background_sweep(ctx.env.node, site_path=ctx.site_path, log_path=ctx.settings.log_file).pid
+    except OSError as exc:  # the periodic sweep (docs/admin.md) still finishes it
+        ctx.log.warning(f"could not start the hand-off sweep: {exc}")
+        return
+    ctx.notes.append(f"handoff-sweep pid={pid}")
 
 
 def main(argv: list[str] | None = None) -> int:

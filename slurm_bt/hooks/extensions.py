@@ -112,14 +112,21 @@ def call_hook_point(target: tuple[str, str], env: SlurmHookEnv, budget_s: float,
     return True, result.get("value")
 
 
-def flush_checkpoints(env: SlurmHookEnv, budget_s: float, log: HookLog) -> bool:
-    """True only if the flush hook point confirmed every checkpoint of the job uploaded."""
+def flush_checkpoints(env: SlurmHookEnv, budget_s: float, log: HookLog) -> str:
+    """The flush's status: ``"done"`` only if it confirmed every checkpoint of the job uploaded.
+
+    ``"handed-off"`` means the rest was moved to the hand-off area (to be finished by a sweep);
+    anything else (``"nothing"``, ``"error"``, ``"absent"``...) is "not confirmed".
+    """
     called, result = call_hook_point(CHECKPOINT_FLUSH, env, budget_s, log)
     if isinstance(result, dict):
         # "nothing" is not a confirmation: a flush that could not find the job's rank reports it
         # too. Without "done", whatever is still in the checkpoint directory is kept.
-        return result.get("status") == "done"
-    return called and result is True
+        status = result.get("status")
+        return status if isinstance(status, str) else "error"
+    if not called:
+        return "absent"
+    return "done" if result is True else "error"
 
 
 def release_node_cache_leases(env: SlurmHookEnv, budget_s: float, log: HookLog,

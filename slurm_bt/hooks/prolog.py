@@ -35,6 +35,7 @@ from slurm_bt.hooks.jobstate import JobStateDir
 from slurm_bt.hooks.privdrop import ChildError, ChildTimeout, PrivilegeDropError, run_as_job_user, run_in_child
 from slurm_bt.hooks.runner import HookContext, HookUserError, NodeFault, run_hook
 from slurm_bt.hooks.safefs import UnsafeEntry, UntrustedPath, ensure_dir_at, open_trusted_dir, set_default_group_acl
+from slurm_bt.hooks.sweep import sweep_stale_scratch
 from slurm_bt.hooks.teams import Team, TeamError, resolve_team
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.site_settings import expand_path
@@ -95,6 +96,10 @@ def make_scratch(ctx: HookContext) -> str:
         if free_mib < ctx.settings.scratch_min_free_mib:
             raise HookUserError(f"node-local scratch on {env.node} has {free_mib} MiB free, less than the "
                                 f"{ctx.settings.scratch_min_free_mib} MiB this site requires; retry later")
+        try:
+            sweep_stale_scratch(ctx, fd, root)
+        except OSError as exc:  # housekeeping: never fails this job or the node
+            ctx.log.warning(f"stale scratch sweep of {root} stopped: {exc}")
         try:
             sfd, created = ensure_dir_at(fd, env.job_id, uid=env.uid, gid=env.gid, mode=0o700)
         except UnsafeEntry as exc:

@@ -28,6 +28,7 @@ __all__ = [
     "UnsafeEntry",
     "UntrustedPath",
     "ensure_dir_at",
+    "mount_points_below",
     "mount_points_under",
     "open_dir_at",
     "open_trusted_dir",
@@ -270,6 +271,12 @@ def mount_points_under(path: str) -> list[str]:
     except OSError:
         return []
     return sorted(found)
+
+
+def mount_points_below(path: str) -> frozenset[tuple[str, ...]]:
+    """:func:`mount_points_under` ``path`` as path components relative to it (``remove_tree_at``'s form)."""
+    real = os.path.realpath(path)
+    return frozenset(tuple(m[len(real) + 1:].split("/")) for m in mount_points_under(real))
 
 
 @dataclass
@@ -555,6 +562,7 @@ class _Walker:
             return
         assert top.names is not None
         top.names.append(entry)
+
 
 
 def remove_tree_at(

@@ -95,6 +95,56 @@ def test_budget_exhausted_hands_off_quickly_then_resume_finishes(tmp_path: Path,
     assert index is not None and len(index.checkpoints) == 2
 
 
+def _hand_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job_id: str) -> tuple[SiteSettings, JobSpec, Path]:
+    site, spec, _, env = _job(tmp_path, job_id)
+    real = FileStore.upload_file
+
+    def slow(self: FileStore, fd: int, size: int, key: str, *, expect_sha256: str | None = None) -> UploadResult:
+        time.sleep(30)
+        return real(self, fd, size, key, expect_sha256=expect_sha256)
+
+    monkeypatch.setattr(FileStore, "upload_file", slow)
+    assert flush_job_checkpoints(env, 2, site=site).status == "handed-off"
+    monkeypatch.undo()
+    return site, spec, tmp_path / f"node/n1/checkpoint-handoff/{job_id}.n1"
+
+
+def test_overlapping_sweeps_take_each_entry_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    _, spec, entry = _hand_off(tmp_path, monkeypatch, "781")
+    fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another sweep is working on it
+        assert [(o.entry, o.status) for o in resume_handoffs(root=entry.parent)] == [("781.n1", "busy")]
+        assert (entry / "handoff.json").is_file()
+    finally:
+        os.close(fd)
+    assert [o.status for o in resume_handoffs(root=entry.parent)] == ["uploaded"]
+    assert resume_handoffs(root=entry.parent) == [] and not entry.exists()
+    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "781")
+    assert index is not None and len(index.checkpoints) == 2
+
+
+def test_background_sweep_from_the_epilog_finishes_detached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_bt.checkpoints.handoff import start_background_sweep
+
+    site, spec, entry = _hand_off(tmp_path, monkeypatch, "782")
+    site_file = tmp_path / "site.toml"
+    roots = site.storage.model_dump().items()
+    site_file.write_text("[storage]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in roots))
+    log = tmp_path / "hooks.log"
+    started = time.monotonic()
+    proc = start_background_sweep("n1", site_path=str(site_file), log_path=str(log))
+    assert time.monotonic() - started < 1, "the epilog must not wait for the upload"
+    assert os.getsid(proc.pid) == proc.pid, "own session: not killed with the epilog's process group"
+    assert proc.wait(timeout=120) == 0, log.read_text()
+    assert not entry.exists()
+    assert "entry=782.n1 uploaded: 2 checkpoint(s)" in log.read_text()
+    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "782")
+    assert index is not None and [c.complete for c in index.checkpoints] == [True, True]
+
+
 def _uri(tmp_path: Path):  # type: ignore[no-untyped-def]
     from slurm_bt.checkpoints.layout import parse_store_uri
 

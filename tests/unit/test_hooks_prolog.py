@@ -17,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,11 @@ def flush_done(environ: dict[str, str], deadline_s: float) -> object:
     """Stand-in checkpoint flush: everything confirmed uploaded."""
     assert environ["SLURM_JOB_USER"] == "btu1" and "PATH" not in environ
     return type("R", (), {"status": "done", "message": "uploaded 1 checkpoint(s)"})()
+
+
+def flush_handed_off(environ: dict[str, str], deadline_s: float) -> object:
+    """Stand-in checkpoint flush: the budget ran out and the rest went to the hand-off area."""
+    return type("R", (), {"status": "handed-off", "message": "time budget ran out"})()
 
 
 @pytest.fixture(autouse=True)
@@ -298,8 +304,6 @@ def test_only_a_confirmed_flush_lets_checkpoints_go(site: Site, monkeypatch: pyt
 
 
 def test_internal_deadline_is_a_node_fault(site: Site, capfd: pytest.CaptureFixture[str]) -> None:
-    import time
-
     site.hooks.write_text(site.hooks.read_text().replace("deadline_s = 30", "deadline_s = 0.5"))
     start = time.monotonic()
     code = run_hook("prolog", lambda ctx: time.sleep(10), prolog._record_user_error,
@@ -319,3 +323,74 @@ def test_a_bug_fails_the_job_not_the_node(site: Site) -> None:
     err = read_hook_state("n1", "26", site.state).error
     assert err is not None and "internal error in the slurm-bt prolog" in err
     assert "KeyError: 'oops'" in (site.base / "log" / "hooks.log").read_text()
+
+
+@pytest.mark.parametrize("policy", ["background", "off"])
+def test_handed_off_flush_starts_a_detached_sweep_unless_off(site: Site, monkeypatch: pytest.MonkeyPatch,
+                                                             policy: str) -> None:
+    monkeypatch.setattr(extensions, "CHECKPOINT_FLUSH", (__name__, "flush_handed_off"))
+    site.hooks.write_text(f'resume_handoffs = "{policy}"\n' + site.hooks.read_text())
+    work = write_job(site, "btu1")
+    assert run(site, "prolog", job_env(site, "btu1", "26", work)) == 0
+    assert run(site, "epilog", job_env(site, "btu1", "26", work, SLURM_SCRIPT_CONTEXT="epilog_slurmd")) == 0
+    log = site.base / "log" / "hooks.log"
+    final = [ln for ln in log.read_text().splitlines() if "epilog" in ln and "26" in ln][-1]
+    assert ("handoff-sweep pid=" in final) is (policy == "background"), final
+    if policy == "background":
+        # The sweep is detached (own session) and reports to the hook log; this node's area is empty.
+        pid = int(final.split("handoff-sweep pid=")[1].split()[0].rstrip(",;"))
+        try:
+            assert os.getsid(pid) == pid
+        except ProcessLookupError:
+            pass  # already finished
+        try:  # in this test the hook ran in-process, so the sweep is our child: its exit status is ours to read
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+        except ChildProcessError:
+            pass  # reaped by subprocess' own bookkeeping
+
+
+def _age(path: Path, seconds: float) -> None:
+    old = time.time() - seconds
+    os.utime(path, (old, old), follow_symlinks=False)
+
+
+def test_prolog_sweeps_scratch_whose_epilog_never_ran_and_nothing_else(site: Site) -> None:
+    """E08: a node crash left job 901's scratch; the next prolog removes it, never an active job's."""
+    work = write_job(site, "btu1")
+    assert run(site, "prolog", job_env(site, "btu1", "902", work)) == 0  # 902 runs on this node (has notes)
+    root = site.scratch("x").parent
+    u1 = pwd.getpwnam("btu1")
+    for job in ("901", "903", "904", "905"):
+        (root / job / "tmp").mkdir(parents=True, exist_ok=True)
+        (root / job / "tmp" / "big").write_bytes(b"x" * 1000)
+        os.symlink("/etc", root / job / "tmp" / "etc")
+        os.symlink(str(site.cache), root / job / "other-team")
+        os.chown(root / job, u1.pw_uid, u1.pw_gid)
+    (root / "handoff-like").mkdir()
+    os.symlink("/etc", root / "906")
+    (root / ".slurm-bt-handoff").mkdir(exist_ok=True)
+    (root / ".slurm-bt-handoff" / "904.json").write_text("{}")  # checkpoints kept for a hand-off
+    for name in ("901", "902", "904", "905", "handoff-like"):
+        _age(root / name, 7200)
+    _age(root / "906", 7200)
+    # 903 is stale but recent (e.g. a requeue between note reset and scratch): kept this time.
+    assert run(site, "prolog", job_env(site, "btu1", "907", work)) == 0
+    left = sorted(p.name for p in root.iterdir())
+    assert left == [".slurm-bt-handoff", "902", "903", "904", "906", "907", "handoff-like"], left
+    assert os.path.isdir("/etc/security") and site.cache.is_dir(), "symlink targets untouched"
+    log = (site.base / "log" / "hooks.log").read_text()
+    assert f"stale scratch {root}/901" in log and f"stale scratch {root}/905" in log
+    assert "902" not in [ln.split("stale scratch ")[-1].split()[0].rsplit("/", 1)[-1]
+                         for ln in log.splitlines() if "stale scratch" in ln]
+
+
+def test_stale_scratch_sweep_can_be_turned_off(site: Site) -> None:
+    site.hooks.write_text("stale_scratch_after_s = 0\n" + site.hooks.read_text())
+    root = site.scratch("x").parent
+    work = write_job(site, "btu1")
+    assert run(site, "prolog", job_env(site, "btu1", "911", work)) == 0
+    (root / "910").mkdir()
+    _age(root / "910", 10 * 86400)
+    assert run(site, "prolog", job_env(site, "btu1", "912", work)) == 0
+    assert (root / "910").is_dir()

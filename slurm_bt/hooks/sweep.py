@@ -1,0 +1,75 @@
+"""Remove scratch left by jobs whose epilog never ran (compute node, root, called by the prolog).
+
+Why: when a node crashes or is rebooted mid-job, Slurm never runs that job's epilog, and its
+``<scratch root>/<job id>`` stays on the node-local disk for ever (fault E08 in the threats notes).
+The next prolog on the node removes such directories, bounded in time, and never an active job's.
+
+"Active" is decided from facts root wrote itself, never from anything a user controls:
+
+* the prolog's first step creates ``<state root>/<node>/jobs/<job id>`` (:mod:`.jobstate`) and the
+  epilog removes it only after scratch, so every job between its prolog and the end of its epilog
+  has that note; the state root is on tmpfs (``/run``), so a reboot clears the notes of exactly the
+  jobs whose epilog never ran;
+* the directory must also be older than ``stale_scratch_after_s`` (hooks.toml, default one hour;
+  ``0`` turns the sweep off), which covers the instant between a requeued job's note reset and its
+  new scratch;
+* directories whose checkpoints the epilog kept for a hand-off (``.slurm-bt-handoff/<job>.json``)
+  are left alone, as are the current job, names that are not job ids, and anything not a directory.
+
+Removal is the epilog's (:func:`~slurm_bt.hooks.safefs.remove_tree_at`): fd-relative, never follows
+a symlink, never crosses a mount point, stops at its deadline (the rest goes on the next prolog).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+from slurm_bt.hooks.runner import HookContext
+from slurm_bt.hooks.safefs import mount_points_below, remove_tree_at
+
+__all__ = ["HANDOFF_DIR", "sweep_stale_scratch"]
+
+#: Where the epilog records scratch it kept for a checkpoint hand-off (one ``<job id>.json`` each).
+HANDOFF_DIR = ".slurm-bt-handoff"
+
+#: Most of a prolog's time belongs to the job it prepares: the sweep gets at most this much.
+SWEEP_BUDGET_S = 5.0
+
+
+def _names(path: str) -> set[str]:
+    try:
+        return set(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
+
+
+def sweep_stale_scratch(ctx: HookContext, root_fd: int, root: str) -> list[str]:
+    """Remove stale job directories under the scratch root open at ``root_fd``; return their names."""
+    min_age = ctx.settings.stale_scratch_after_s
+    if min_age <= 0:
+        return []
+    active = _names(f"{ctx.state_root}/{ctx.env.node}/jobs")
+    kept = {n.removesuffix(".json") for n in _names(f"{root}/{HANDOFF_DIR}")}
+    deadline = min(time.monotonic() + SWEEP_BUDGET_S, ctx.deadline - 5.0)
+    now = time.time()
+    swept: list[str] = []
+    for name in sorted(os.listdir(root_fd)):
+        if not (name.isascii() and name.isdigit()) or name == ctx.env.job_id or name in active or name in kept:
+            continue
+        if time.monotonic() >= deadline:
+            ctx.log.info("stale scratch sweep: out of time, the next prolog continues")
+            break
+        try:
+            st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < min_age:
+            continue
+        report = remove_tree_at(root_fd, name, deadline=deadline, mount_points=mount_points_below(f"{root}/{name}"))
+        swept.append(name)
+        ctx.log.info(f"stale scratch {root}/{name} (no job on this node, epilog never ran): removed "
+                     f"files={report.files} dirs={report.dirs}"
+                     + (f", {len(report.leftovers)} left" if report.leftovers else ""))
+    return swept
