@@ -14,9 +14,18 @@ and give no sha256 of the whole file. Here each file is read once, in order, by 
   read as an MD5 (threats-and-faults.md §5).
 
 Small files go in one ``PutObject`` with ``ChecksumSHA256`` = our sha256, so the server itself
-verifies the digest we record. Resumability: before a multipart upload, incomplete uploads of the
-same key left by a killed uploader are aborted (F15); a rerun whose object already has the expected
-size and checksum is skipped. Payload signing is off (the per-part checksums protect the bytes).
+verifies the digest we record. Payload signing is off (the per-part checksums protect the bytes).
+
+Resumability: a rerun whose object already has the expected size and checksum is skipped. A
+multipart upload interrupted by ``kill -9``, a node crash or an epilog's time budget is resumed at
+part granularity: the newest incomplete upload of the same key is found (``ListMultipartUploads``;
+older ones are aborted, F15), its parts listed, and each part is kept only if its size matches our
+layout and its checksum (or, where the server lists none, its ETag = MD5) equals that of the local
+bytes read now; every other part is sent again. The file is still read and hashed whole, and the
+completed object must still show the composite checksum of the *local* parts, so a stale or foreign
+part can cost a re-send but never end up in the object. Nothing is ever visible under the final key
+before ``CompleteMultipartUpload``. A failed upload is left incomplete for the next attempt to
+resume (a bucket lifecycle rule ``AbortIncompleteMultipartUpload`` reclaims abandoned ones).
 """
 
 from __future__ import annotations
@@ -218,19 +227,64 @@ class S3Store:
             raise self._err(exc, key, "PutObject failed") from exc
         return UploadResult(digest.hex(), size, "sha256")
 
+    def _resumable(self, key: str) -> tuple[str, dict[int, dict[str, Any]]] | None:
+        """The newest incomplete upload of exactly ``key`` and its parts; older ones are aborted."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket = self.uri.bucket
+        try:
+            listed = self._client.list_multipart_uploads(Bucket=bucket, Prefix=key).get("Uploads", [])
+            ups = sorted((u for u in listed if u.get("Key") == key), key=lambda u: str(u.get("Initiated", "")))
+            if not ups:
+                return None
+            for old in ups[:-1]:
+                self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=old["UploadId"])
+            upload_id = str(ups[-1]["UploadId"])
+            parts: dict[int, dict[str, Any]] = {}
+            marker = 0
+            while True:
+                resp = self._client.list_parts(Bucket=bucket, Key=key, UploadId=upload_id, PartNumberMarker=marker)
+                for part in resp.get("Parts", []):
+                    parts[int(part["PartNumber"])] = part
+                if not resp.get("IsTruncated") or int(resp.get("NextPartNumberMarker", 0)) <= marker:
+                    break
+                marker = int(resp["NextPartNumberMarker"])
+            algorithm = resp.get("ChecksumAlgorithm")
+            if algorithm and str(algorithm).upper() != self._alg:  # begun under another part_checksum
+                self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+                return None
+        except (ClientError, BotoCoreError) as exc:
+            raise self._err(exc, key, "cannot list or abort incomplete uploads") from exc
+        return upload_id, parts
+
+    def _same_part(self, listed: dict[str, Any] | None, data: bytes, digest: bytes) -> bool:
+        """Whether a listed part of an earlier attempt holds exactly ``data``."""
+        if listed is None or int(listed.get("Size", -1)) != len(data):
+            return False
+        stored = listed.get(f"Checksum{self._alg}")
+        if stored:
+            return bool(stored == base64.b64encode(digest).decode())
+        etag = str(listed.get("ETag", "")).strip('"')
+        return len(etag) == 32 and etag == hashlib.md5(data, usedforsecurity=False).hexdigest()
+
     def _put_multipart(self, fd: int, size: int, key: str) -> UploadResult:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        self.abort_incomplete(key)
         bucket = self.uri.bucket
         part_size = self._part_size_for(size)
-        try:
-            upload_id = self._client.create_multipart_upload(
-                Bucket=bucket, Key=key, ChecksumAlgorithm=self._alg)["UploadId"]
-        except (ClientError, BotoCoreError) as exc:
-            raise self._err(exc, key, "CreateMultipartUpload failed") from exc
+        resumed = self._resumable(key)
+        earlier: dict[int, dict[str, Any]] = {}
+        if resumed is not None:
+            upload_id, earlier = resumed
+        else:
+            try:
+                upload_id = self._client.create_multipart_upload(
+                    Bucket=bucket, Key=key, ChecksumAlgorithm=self._alg)["UploadId"]
+            except (ClientError, BotoCoreError) as exc:
+                raise self._err(exc, key, "CreateMultipartUpload failed") from exc
         h = hashlib.sha256()
         futures: list[Future[dict[str, Any]]] = []
+        kept = 0
         digests: list[bytes] = []
         # Some S3-compatible servers store a whole-object (FULL_OBJECT) CRC instead of S3's
         # COMPOSITE one; keep the running CRC too so either form can be checked.
@@ -249,7 +303,15 @@ class S3Store:
                     self._slots.release()
                     raise
                 digests.append(digest)
-                futures.append(self._pool.submit(self._send_part, key, upload_id, number, data, digest))
+                if self._same_part(earlier.get(number), data, digest):
+                    self._slots.release()
+                    done: Future[dict[str, Any]] = Future()
+                    done.set_result({"PartNumber": number, "ETag": earlier[number]["ETag"],
+                                     f"Checksum{self._alg}": base64.b64encode(digest).decode()})
+                    futures.append(done)
+                    kept += 1
+                else:
+                    futures.append(self._pool.submit(self._send_part, key, upload_id, number, data, digest))
                 h.update(data)  # hashed while earlier parts are on the wire
                 if full_update is not None:
                     full = full_update(full, data)
@@ -261,10 +323,7 @@ class S3Store:
             for f in futures:
                 if f.cancel():
                     self._slots.release()  # never ran, so _send_part did not release its slot
-            try:
-                self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-            except Exception:  # noqa: S110 - best effort; a rerun aborts leftovers too
-                pass
+            # The upload stays incomplete: the next attempt resumes it (module docstring).
             if isinstance(exc, (ClientError, BotoCoreError)):
                 raise self._err(exc, key, "multipart upload failed") from exc
             raise
@@ -283,7 +342,7 @@ class S3Store:
             if stored != expected:
                 raise IntegrityError(self.uri.display(), "stored checksum differs from what was sent", file=key,
                                      expected=expected, actual=str(stored))
-        return UploadResult(h.hexdigest(), size, how)
+        return UploadResult(h.hexdigest(), size, how, resumed_parts=kept)
 
     def _send_part(self, key: str, upload_id: str, number: int, data: bytes, digest: bytes) -> dict[str, Any]:
         try:

@@ -60,12 +60,15 @@ class UploadResult:
             checked on receipt plus the object's composite checksum compared after completion),
             ``size`` (the store offers nothing better), ``local`` (``file://``: written and fsynced).
         skipped: the object was already there with the same content.
+        resumed_parts: parts of an interrupted multipart upload that were verified against the
+            local bytes and kept instead of being sent again.
     """
 
     sha256: str
     size: int
     verified: str
     skipped: bool = False
+    resumed_parts: int = 0
 
 
 @dataclass(frozen=True, repr=False)

@@ -6,6 +6,7 @@ where multipart integrity is tested (threats-and-faults.md F15, F16).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import signal
@@ -99,9 +100,10 @@ def test_kill_9_during_multipart_then_rerun(s3: SeaweedS3, tmp_path: Path) -> No
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # wait until parts are on the wire
+        while time.monotonic() < deadline:  # wait until two parts are stored
             ups = client.list_multipart_uploads(Bucket=BUCKET, Prefix="store/kill/").get("Uploads", [])
-            if ups and client.list_parts(Bucket=BUCKET, Key=ups[0]["Key"], UploadId=ups[0]["UploadId"]).get("Parts"):
+            if ups and len(client.list_parts(Bucket=BUCKET, Key=ups[0]["Key"],
+                                             UploadId=ups[0]["UploadId"]).get("Parts", [])) >= 2:
                 break
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)
@@ -119,11 +121,44 @@ def test_kill_9_during_multipart_then_rerun(s3: SeaweedS3, tmp_path: Path) -> No
     finally:
         os.close(fd)
     assert res.sha256 == _sha(src)
+    assert 2 <= res.resumed_parts < 12, res  # 96 MiB in 8 MiB parts: the stored ones were not sent again
     assert client.list_multipart_uploads(Bucket=BUCKET, Prefix="store/kill/").get("Uploads", []) == [], \
-        "the killed upload was aborted"
+        "the killed upload was resumed and completed"
     dest = tmp_path / "back.bin"
     store.download_file("kill/victim.bin", dest, size=src.stat().st_size, sha256=res.sha256)
     assert _sha(dest) == _sha(src), "no missing or corrupt object after the rerun"
+    store.close()
+
+
+def test_resume_resends_parts_that_differ_from_the_local_file(s3: SeaweedS3, tmp_path: Path) -> None:
+    """An interrupted upload whose stored parts are stale (file rewritten) or corrupt: only matching parts are kept."""
+    from slurm_bt.checkpoints.s3 import part_checksum_function
+
+    crc = part_checksum_function("crc32c")
+    part = 8 * 1024 * 1024  # the store's part_size_mib in _uri
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(3 * part + 1234))
+    data = src.read_bytes()
+    client = s3.client()
+    key = "store/resume/model.bin"
+    older = client.create_multipart_upload(Bucket=BUCKET, Key=key, ChecksumAlgorithm="CRC32C")["UploadId"]
+    time.sleep(1.1)  # Initiated has one-second resolution
+    up = client.create_multipart_upload(Bucket=BUCKET, Key=key, ChecksumAlgorithm="CRC32C")["UploadId"]
+    stale = os.urandom(part)
+    for number, body in ((1, data[:part]), (2, stale)):  # part 1 matches the file, part 2 is stale
+        client.upload_part(Bucket=BUCKET, Key=key, UploadId=up, PartNumber=number, Body=body,
+                           ChecksumCRC32C=base64.b64encode(crc(body)).decode())
+    store = open_store(_uri(s3), credentials=StoreCredentials(ACCESS_KEY, SECRET_KEY))
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        res = store.upload_file(fd, len(data), "resume/model.bin")
+    finally:
+        os.close(fd)
+    assert res.resumed_parts == 1 and res.sha256 == hashlib.sha256(data).hexdigest(), res
+    assert client.list_multipart_uploads(Bucket=BUCKET, Prefix="store/resume/").get("Uploads", []) == []
+    assert all(u["UploadId"] != older for u in client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []))
+    back = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    assert back == data, "the object holds the local bytes, not the stale part"
     store.close()
 
 
