@@ -22,7 +22,8 @@ import click
 
 from slurm_bt.cli.errors import handle_errors
 
-__all__ = ["Check", "admin_group", "doctor_checks", "render_wrapper", "slurm_conf_lines"]
+__all__ = ["HANDOFF_UNIT", "Check", "admin_group", "doctor_checks", "render_handoff_units", "render_wrapper",
+           "slurm_conf_lines"]
 
 _WRAPPER = """#!/bin/sh
 # slurm-bt {kind} wrapper, written by `slurm-bt admin install` (contract: {kind}/README.md).
@@ -47,6 +48,51 @@ def render_wrapper(kind: str, python: str, config: str | None, site: str | None)
                 raise click.BadParameter(f"{flag} must be an absolute path without spaces or quotes")
             args += f" {flag} {value}"
     return _WRAPPER.format(kind=kind, python=python, args=args)
+
+
+_HANDOFF_SERVICE = """# slurm-bt: finish checkpoint uploads handed off by the epilog on Slurm node %i
+# (written by `slurm-bt admin install`; docs/checkpoints.md). Enable: systemctl enable --now {timer}
+[Unit]
+Description=slurm-bt checkpoint hand-off sweep for node %i
+After=network-online.target
+
+[Service]
+Type=oneshot
+Nice=10
+{environment}ExecStart={python} -I -m slurm_bt.checkpoints.handoff --node %i
+"""
+
+_HANDOFF_TIMER = """# slurm-bt: periodic checkpoint hand-off sweep for Slurm node %i (slurm-bt admin install).
+[Unit]
+Description=slurm-bt checkpoint hand-off sweep for node %i (timer)
+
+[Timer]
+OnBootSec=5min
+OnUnitActiveSec=15min
+RandomizedDelaySec=60
+
+[Install]
+WantedBy=timers.target
+"""
+
+HANDOFF_UNIT = "slurm-bt-resume-handoffs@"
+
+
+def render_handoff_units(python: str, site: str | None) -> dict[str, str]:
+    """The systemd template units (instance = Slurm node name) of the periodic hand-off sweep.
+
+    The epilog already starts a sweep when it hands something off; this catches what a reboot or a
+    store outage left behind.
+    """
+    for what, value in (("interpreter", python), ("--site", site)):
+        if value is not None and (not value.startswith("/") or any(c in value for c in " \t\n'\"$`\\%")):
+            raise click.BadParameter(f"{what} must be an absolute path without spaces, quotes or %: {value!r}")
+    environment = f"Environment=SLURM_BT_SITE_CONFIG={site}\n" if site else ""
+    timer = f"{HANDOFF_UNIT}<node>.timer"
+    return {
+        f"{HANDOFF_UNIT}.service": _HANDOFF_SERVICE.format(timer=timer, environment=environment, python=python),
+        f"{HANDOFF_UNIT}.timer": _HANDOFF_TIMER,
+    }
 
 
 def slurm_conf_lines(prolog: str, epilog: str, deadline_s: float, gres: dict[str, str]) -> list[str]:
@@ -143,6 +189,28 @@ def _check_root_dir(name: str, path: str, *, allow_sticky: bool = False) -> Chec
     return Check(name, True)
 
 
+def _handoff_area_check(node: str, storage: dict[str, str], max_age_s: float = 3600.0) -> Check:
+    """Hand-offs still waiting an hour after the epilog: its background sweep did not finish them."""
+    import time
+
+    from slurm_bt.checkpoints.layout import handoff_root
+
+    area = Path(handoff_root(storage, node))
+    try:
+        entries = [e for e in area.iterdir() if e.is_dir() and not e.is_symlink()]
+    except OSError:
+        entries = []
+    now = time.time()
+    old = sorted(e.name for e in entries if now - e.stat().st_mtime > max_age_s)
+    if not old:
+        return Check(f"checkpoint hand-off area on {node}", True)
+    return Check(f"checkpoint hand-off area on {node}", False,
+                 f"{len(old)} hand-off(s) older than {max_age_s / 3600:g} h not uploaded yet in {area}: "
+                 f"{', '.join(old[:5])}{' ...' if len(old) > 5 else ''}",
+                 f"see the hook log for the sweep's errors, run `slurm-bt checkpoints resume-handoffs --node {node}` "
+                 f"and enable the periodic sweep (slurm-bt admin install --systemd-dir)", warn=True)
+
+
 def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None) -> list[Check]:
     """Run every check for this host's ``nodes``; see the module docstring."""
     from slurm_bt.hooks.config import HookConfigError, load_hook_settings, load_trusted_site
@@ -230,6 +298,7 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
                 checks.append(Check(f"checkpoint hand-offs on {node}", False, f"{len(pending)} job(s) left "
                                     f"checkpoints that were not confirmed uploaded: {handoff}",
                                     "upload or archive them, then remove the job dirs and records", warn=True))
+        checks.append(_handoff_area_check(node, site.storage.model_dump()))
         fault = Path(f"{STATE_ROOT}/{node}/last-fault")
         if fault.is_file():
             checks.append(Check(f"last hook fault on {node}", False, fault.read_text(errors="replace").strip(),
@@ -274,6 +343,15 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
     return checks
 
 
+def _write_root_file(dest: Path, text: str, mode: int) -> None:
+    """Publish a root-owned file: unique temp, fsync, rename (a crash never leaves half a unit or hook)."""
+    from slurm_bt.atomic import write_file_atomic
+
+    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    write_file_atomic(dest, text.encode(), mode=mode)
+    os.chown(dest, 0, 0)
+
+
 @click.group(name="admin", context_settings={"help_option_names": ["-h", "--help"]})
 def admin_group() -> None:
     """Install and check the slurm-bt Prolog/Epilog on a node (run as root)."""
@@ -286,9 +364,11 @@ def admin_group() -> None:
 @click.option("--config", default=None, help="Hook policy file passed to the hooks (default /etc/slurm-bt/hooks.toml).")
 @click.option("--site", default=None, help="Site file passed to the hooks (default /etc/slurm-bt/site.toml).")
 @click.option("--node", "nodes", multiple=True, help="Node names served by this host (for %n roots).")
+@click.option("--systemd-dir", default=None, metavar="DIR",
+              help="Also write the periodic checkpoint hand-off sweep's systemd units here (/etc/systemd/system).")
 @click.option("--dry-run", is_flag=True, help="Print what would be done.")
 def install_command(prefix: str, python: str, config: str | None, site: str | None, nodes: tuple[str, ...],
-                    dry_run: bool) -> None:
+                    systemd_dir: str | None, dry_run: bool) -> None:
     """Write the hook wrappers, create this node's storage roots and print the slurm.conf lines."""
     with handle_errors("slurm-bt admin"):
         from slurm_bt.hooks.config import load_hook_settings, load_trusted_site
@@ -307,11 +387,7 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
             click.echo(f"{'would write' if dry_run else 'writing'} {dest}")
             if not dry_run:
                 libexec.mkdir(parents=True, exist_ok=True, mode=0o755)
-                tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-                tmp.write_text(text)
-                os.chown(tmp, 0, 0)
-                os.chmod(tmp, 0o755)  # noqa: S103 - slurmd must execute it; root-owned
-                os.replace(tmp, dest)
+                _write_root_file(dest, text, 0o755)  # slurmd must execute it; root-owned
         roots = []
         for node in nodes or tuple(_local_nodes()):
             roots.append(expand_path(site_settings.storage.scratch, user="root", uid=0, home="/root", node=node))
@@ -326,6 +402,15 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
                 if stat.S_ISLNK(st.st_mode) or st.st_uid != 0:
                     raise click.ClickException(f"{root} exists and is not a root-owned directory; fix it by hand")
                 os.chmod(p, 0o755)  # noqa: S103 - storage roots: root-owned, traversable
+        if systemd_dir is not None:
+            for name, text in render_handoff_units(python, site).items():
+                dest = Path(systemd_dir) / name
+                click.echo(f"{'would write' if dry_run else 'writing'} {dest}")
+                if not dry_run:
+                    _write_root_file(dest, text, 0o644)
+            served = nodes or tuple(_local_nodes())
+            units = " ".join(f"{HANDOFF_UNIT}{n}.timer" for n in served) or f"{HANDOFF_UNIT}<node>.timer"
+            click.echo(f"then: systemctl daemon-reload && systemctl enable --now {units}")
         gres = {name: m.gres_type for name, m in site_settings.accelerators.items()}
         click.echo("\nAdd these lines to slurm.conf / gres.conf on every node and the controller, then "
                    "`scontrol reconfigure`:\n")

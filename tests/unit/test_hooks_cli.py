@@ -1,16 +1,27 @@
-"""``slurm-bt cache summarize`` and the ``admin install`` pieces (wrapper text, config lines)."""
+"""``slurm-bt cache summarize`` and ``admin install``/``doctor`` pieces (wrappers, config lines, timer units)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
 
-from slurm_bt.cli.admin_cmd import render_wrapper, slurm_conf_lines
+from slurm_bt.cli.admin_cmd import (
+    HANDOFF_UNIT,
+    _handoff_area_check,
+    admin_group,
+    render_handoff_units,
+    render_wrapper,
+    slurm_conf_lines,
+)
 from slurm_bt.cli.cache_cmd import cache_group, summarize_project
 from slurm_bt.errors import UserError
 
@@ -71,3 +82,53 @@ def test_conf_lines_cover_the_hook_assumptions() -> None:
                    "AccountingStorageTRES=gres/gpu", "AccountingStoreFlags=job_comment", "PrivateData=jobs",
                    "Type=h100"):
         assert needle in lines
+
+
+def test_handoff_units_run_the_sweep_per_node_with_the_hook_site() -> None:
+    units = render_handoff_units("/opt/bt/venv/bin/python", "/etc/slurm-bt/site.toml")
+    service, timer = units[f"{HANDOFF_UNIT}.service"], units[f"{HANDOFF_UNIT}.timer"]
+    assert "ExecStart=/opt/bt/venv/bin/python -I -m slurm_bt.checkpoints.handoff --node %i" in service
+    assert "Environment=SLURM_BT_SITE_CONFIG=/etc/slurm-bt/site.toml" in service and "Type=oneshot" in service
+    assert "OnUnitActiveSec=" in timer and "WantedBy=timers.target" in timer
+    assert "Environment=" not in render_handoff_units("/usr/bin/python3", None)[f"{HANDOFF_UNIT}.service"]
+    for bad in ("python3", "/opt/a b/python", "/opt/%h/python"):
+        with pytest.raises(click.BadParameter):
+            render_handoff_units(bad, None)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="admin install writes root-owned files")
+def test_admin_install_writes_hooks_and_timer_units_that_run(tmp_path: Path) -> None:
+    site = tmp_path / "site.toml"
+    site.write_text(f'[storage]\nscratch = "{tmp_path}/node/%n/scratch"\nnode_cache = "{tmp_path}/node/%n/weights"\n'
+                    f'cache = "{tmp_path}/shared/cache"\ncheckpoint_store = "file://{tmp_path}/store"\n')
+    units = tmp_path / "systemd"
+    python = sys.executable
+    result = CliRunner().invoke(admin_group, ["install", "--prefix", str(tmp_path / "usr"), "--python", python,
+                                              "--site", str(site), "--node", "n7", "--systemd-dir", str(units)])
+    assert result.exit_code == 0, result.output
+    assert f"systemctl enable --now {HANDOFF_UNIT}n7.timer" in result.output
+    for name in ("slurm-bt-prolog", "slurm-bt-epilog"):
+        st = (tmp_path / "usr/libexec/slurm-bt" / name).stat()
+        assert st.st_uid == 0 and st.st_mode & 0o777 == 0o755
+    service = units / f"{HANDOFF_UNIT}.service"
+    assert service.stat().st_mode & 0o777 == 0o644 and (units / f"{HANDOFF_UNIT}.timer").is_file()
+    assert (tmp_path / "node/n7/scratch").is_dir()
+    # What systemd would run for node n7: the sweep finds an empty hand-off area and exits 0.
+    line = next(ln for ln in service.read_text().splitlines() if ln.startswith("ExecStart="))
+    env_line = next(ln for ln in service.read_text().splitlines() if ln.startswith("Environment="))
+    key, _, value = env_line.removeprefix("Environment=").partition("=")
+    argv = [a.replace("%i", "n7") for a in shlex.split(line.removeprefix("ExecStart="))]
+    proc = subprocess.run(argv, env={"PATH": "/usr/bin:/bin", key: value}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
+
+
+def test_doctor_warns_about_handoffs_the_sweep_left_for_an_hour(tmp_path: Path) -> None:
+    storage = {"scratch": f"{tmp_path}/node/%n/scratch"}
+    area = tmp_path / "node/n1/checkpoint-handoff"
+    assert _handoff_area_check("n1", storage).ok  # no area yet
+    (area / "12.n1").mkdir(parents=True)
+    assert _handoff_area_check("n1", storage).ok  # fresh: the background sweep is on it
+    old = time.time() - 7200
+    os.utime(area / "12.n1", (old, old))
+    check = _handoff_area_check("n1", storage)
+    assert not check.ok and check.warn and "12.n1" in check.problem and "resume-handoffs --node n1" in check.fix
