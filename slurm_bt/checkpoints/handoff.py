@@ -42,20 +42,24 @@ class HandoffOutcome:
     """The result for one hand-off entry."""
 
     entry: str
-    status: str  # "uploaded", "failed", "skipped", "busy" (another sweep holds it)
+    status: str  # "uploaded", "failed", "skipped", "busy" (another sweep holds it), "removed" (empty)
     message: str
 
 
 def _resume_one(data_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
     """As the owner: upload every checkpoint in ``data_dir`` (all are complete: the job has ended)."""
-    if not data_dir.is_dir() and record.get("work_dir"):
+    if not data_dir.is_dir():
         # Not moved: the checkpoints were outside scratch (checkpoint_path); find them from the spec.
         from slurm_bt.checkpoints.layout import host_checkpoint_dir
 
-        spec = JobSpec.model_validate_json(Path(str(record["work_dir"]), "job.json").read_bytes())
+        try:
+            spec = JobSpec.model_validate_json(Path(str(record.get("work_dir")), "job.json").read_bytes())
+        except FileNotFoundError:
+            return {"uploaded": [], "gone": True}  # neither the checkpoints nor the job's spec exist any more
         host = host_checkpoint_dir(spec, str(record["job_id"]), record.get("node"))
-        if host:
-            data_dir = Path(host)
+        if not host or not Path(host).is_dir():
+            return {"uploaded": [], "gone": True}
+        data_dir = Path(host)
     state = read_state(data_dir)
     if state is None:
         raise StorageError(str(data_dir), "no uploader state file: cannot tell which job and rank this is")
@@ -108,6 +112,9 @@ def resume_handoffs(*, root: Path | None = None, node: str | None = None, timeou
     return outcomes
 
 
+_EMPTY_ENTRY_AGE_S = 3600.0
+
+
 def _resume_entry(entry: Path, timeout_s: float, keep: bool) -> HandoffOutcome:
     """Upload one locked entry as its owner, then remove it."""
     from slurm_bt.hooks.privdrop import ChildError, run_as_uid
@@ -115,6 +122,14 @@ def _resume_entry(entry: Path, timeout_s: float, keep: bool) -> HandoffOutcome:
     try:
         record = json.loads((entry / "handoff.json").read_bytes()[:65536])
     except (OSError, ValueError):
+        # An empty entry an hour old is what a hand-off that failed before moving anything leaves
+        # (an epilog mid-hand-off has it for milliseconds); rmdir removes only an empty directory.
+        if time.time() - os.lstat(entry).st_mtime > _EMPTY_ENTRY_AGE_S:
+            try:
+                os.rmdir(entry)
+                return HandoffOutcome(entry.name, "removed", "empty entry left by a failed hand-off")
+            except OSError:
+                pass
         return HandoffOutcome(entry.name, "skipped", "no readable handoff.json")
     st = os.lstat(entry / "handoff.json")
     if os.geteuid() == 0 and st.st_uid != 0:
@@ -135,6 +150,8 @@ def _resume_entry(entry: Path, timeout_s: float, keep: bool) -> HandoffOutcome:
         return HandoffOutcome(entry.name, "failed", str(exc))
     if not keep:
         shutil.rmtree(entry, ignore_errors=True)
+    if res.get("gone"):
+        return HandoffOutcome(entry.name, "removed", f"nothing left to upload: {data} no longer exists")
     took = time.monotonic() - started
     return HandoffOutcome(entry.name, "uploaded", f"{len(res.get('uploaded', []))} checkpoint(s) in {took:.1f} s")
 

@@ -196,8 +196,8 @@ def _handoff_area_check(node: str, storage: dict[str, str], max_age_s: float = 3
     from slurm_bt.checkpoints.layout import handoff_root
 
     area = Path(handoff_root(storage, node))
-    try:
-        entries = [e for e in area.iterdir() if e.is_dir() and not e.is_symlink()]
+    try:  # an empty entry holds nothing to upload (the sweep removes it)
+        entries = [e for e in area.iterdir() if e.is_dir() and not e.is_symlink() and any(e.iterdir())]
     except OSError:
         entries = []
     now = time.time()

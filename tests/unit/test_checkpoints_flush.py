@@ -126,6 +126,23 @@ def test_overlapping_sweeps_take_each_entry_once(tmp_path: Path, monkeypatch: py
     assert index is not None and len(index.checkpoints) == 2
 
 
+def test_sweep_removes_entries_with_nothing_left_to_upload(tmp_path: Path) -> None:
+    area = tmp_path / "checkpoint-handoff"
+    (area / "30.n1").mkdir(parents=True)
+    (area / "31.n1").mkdir()
+    (area / "32.n1" / "data").mkdir(parents=True)  # moved data without a record: never removed
+    old = time.time() - 7200
+    for name in ("30.n1", "32.n1"):
+        os.utime(area / name, (old, old))
+    (area / "33.n1").mkdir()  # checkpoints outside scratch, since deleted with the job's work dir
+    (area / "33.n1" / "handoff.json").write_text(json.dumps(
+        {"job_id": "33", "node": "n1", "uid": 0, "gid": 0, "moved": False, "source": str(tmp_path / "gone"),
+         "work_dir": str(tmp_path / "gone-work")}))
+    outcomes = {o.entry: o.status for o in resume_handoffs(root=area)}
+    assert outcomes == {"30.n1": "removed", "31.n1": "skipped", "32.n1": "skipped", "33.n1": "removed"}
+    assert sorted(p.name for p in area.iterdir()) == ["31.n1", "32.n1"]
+
+
 def test_background_sweep_from_the_epilog_finishes_detached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_bt.checkpoints.handoff import start_background_sweep
 

@@ -127,8 +127,12 @@ def test_doctor_warns_about_handoffs_the_sweep_left_for_an_hour(tmp_path: Path) 
     area = tmp_path / "node/n1/checkpoint-handoff"
     assert _handoff_area_check("n1", storage).ok  # no area yet
     (area / "12.n1").mkdir(parents=True)
-    assert _handoff_area_check("n1", storage).ok  # fresh: the background sweep is on it
     old = time.time() - 7200
+    os.utime(area / "12.n1", (old, old))
+    assert _handoff_area_check("n1", storage).ok  # empty: nothing to upload
+    (area / "12.n1" / "handoff.json").write_text("{}")
+    os.utime(area / "12.n1", (time.time(), time.time()))
+    assert _handoff_area_check("n1", storage).ok  # fresh: the background sweep is on it
     os.utime(area / "12.n1", (old, old))
     check = _handoff_area_check("n1", storage)
     assert not check.ok and check.warn and "12.n1" in check.problem and "resume-handoffs --node n1" in check.fix
