@@ -11,6 +11,7 @@ validate the whole file.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,10 @@ def read_site_table(
     Raises:
         SiteConfigError: the file was named but is missing, is unreadable or is not TOML.
     """
-    import tomllib
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Python 3.10: the same parser, as a package
+        import tomli as tomllib
 
     env = os.environ if environ is None else environ
     where, required = site_path(path, env)

@@ -23,10 +23,15 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slurm_bt.site_settings import DEFAULT_SITE_PATH, SiteSettings, load_site_settings
