@@ -124,21 +124,16 @@ def _wrappers(work: Path, log: Path) -> str:
 
 
 def _sdiag_total() -> int:
-    out = subprocess.run(["sdiag"], capture_output=True, text=True).stdout
-    total, section = 0, False
-    for line in out.splitlines():
-        if "Remote Procedure Call statistics by message type" in line:
-            section = True
-            continue
-        if section and "statistics by user" in line:
-            break
-        if section and "count:" in line:
-            total += int(line.split("count:")[1].split()[0])
-    return total
+    return _rpc_total(["sdiag"])
 
 
 def _dbd_total() -> int:
-    out = subprocess.run(["sacctmgr", "-n", "show", "stats"], capture_output=True, text=True).stdout
+    return _rpc_total(["sacctmgr", "-n", "show", "stats"])
+
+
+def _rpc_total(argv: list[str]) -> int:
+    """Sum of the per-message-type RPC counts that sdiag and `sacctmgr show stats` both print."""
+    out = subprocess.run(argv, capture_output=True, text=True).stdout
     total, section = 0, False
     for line in out.splitlines():
         if "Remote Procedure Call statistics by message type" in line:

@@ -8,14 +8,12 @@ atomically. Slurm stays the source of truth for *state*; the record holds what S
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from slurm_bt.slurm.job_ids import parse_job_id, try_parse_job_id
-
-__all__ = ["SubmissionRecord", "ids_to_query", "list_records", "read_record", "select_records", "write_record"]
+__all__ = ["SubmissionRecord", "list_records", "read_record", "select_records", "write_record"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ class SubmissionRecord:
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in data:
-                if f.name in _OPTIONAL:
+                if f.default is not MISSING:  # written before this field existed
                     continue
                 raise ValueError(f"missing {f.name}")
             value = data[f.name]
@@ -73,8 +71,6 @@ class SubmissionRecord:
         """The JSON-ready mapping written to the record file."""
         return asdict(self)
 
-
-_OPTIONAL = frozenset({"staging_job_id", "weights_sources"})
 
 
 def _records_dir(workspace: Path) -> Path:
@@ -130,19 +126,3 @@ def select_records(
             out[jid] = rec
     return out
 
-
-def ids_to_query(job_ids: Sequence[str], records: Mapping[str, SubmissionRecord]) -> list[str]:
-    """What one status query asks ``sacct`` about: each job, then the staging jobs they depend on.
-
-    Canonical (``str(JobId)``) and without duplicates, so the same question is always the same argv.
-
-    Raises:
-        ValueError: a job id is not a Slurm job id.
-    """
-    wanted = [str(parse_job_id(j)) for j in job_ids]
-    for jid in job_ids:
-        rec = records.get(jid)
-        sid = try_parse_job_id(rec.staging_job_id) if rec is not None and rec.staging_job_id else None
-        if sid is not None:
-            wanted.append(str(sid))
-    return list(dict.fromkeys(wanted))

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.errors import Problem, SlurmCommandError, UserError
-from slurm_bt.records import ids_to_query
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.job_ids import JobId, parse_job_id, try_parse_job_id
 from slurm_bt.slurm.sacct import SacctRow, latest_runs
@@ -221,7 +220,7 @@ def query_statuses(
         sid = try_parse_job_id(rec.staging_job_id) if rec is not None and rec.staging_job_id else None
         if sid is not None:
             staging_ids[jid] = sid
-    wanted = ids_to_query(job_ids, records)
+    wanted = list(dict.fromkeys([str(j) for _, j in asked] + [str(s) for s in staging_ids.values()]))
     report = StatusReport(statuses=[])
     try:
         rows = client.query(wanted, duplicates=True, retries=retries, retry_delay_s=retry_delay_s)

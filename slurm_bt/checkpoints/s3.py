@@ -170,16 +170,18 @@ class S3Store:
         """Abort every incomplete multipart upload of exactly ``key`` (absolute; left by a killed uploader)."""
         from botocore.exceptions import ClientError
 
-        aborted = 0
         try:
-            resp = self._client.list_multipart_uploads(Bucket=self.uri.bucket, Prefix=key)
-            for up in resp.get("Uploads", []):
-                if up.get("Key") == key:
-                    self._client.abort_multipart_upload(Bucket=self.uri.bucket, Key=key, UploadId=up["UploadId"])
-                    aborted += 1
+            ups = self._incomplete_uploads(key)
+            for up in ups:
+                self._client.abort_multipart_upload(Bucket=self.uri.bucket, Key=key, UploadId=up["UploadId"])
         except ClientError as exc:
             raise self._err(exc, key, "cannot list or abort incomplete uploads") from exc
-        return aborted
+        return len(ups)
+
+    def _incomplete_uploads(self, key: str) -> list[dict[str, Any]]:
+        """Incomplete multipart uploads of exactly ``key`` (``Prefix`` also matches longer keys), oldest first."""
+        listed = self._client.list_multipart_uploads(Bucket=self.uri.bucket, Prefix=key).get("Uploads", [])
+        return sorted((u for u in listed if u.get("Key") == key), key=lambda u: str(u.get("Initiated", "")))
 
     def _local_composite(self, fd: int, size: int) -> str:
         part = self._part_size_for(size)
@@ -233,8 +235,7 @@ class S3Store:
 
         bucket = self.uri.bucket
         try:
-            listed = self._client.list_multipart_uploads(Bucket=bucket, Prefix=key).get("Uploads", [])
-            ups = sorted((u for u in listed if u.get("Key") == key), key=lambda u: str(u.get("Initiated", "")))
+            ups = self._incomplete_uploads(key)
             if not ups:
                 return None
             for old in ups[:-1]:

@@ -37,14 +37,22 @@ exec "$PY" -I -m slurm_bt.hooks.{kind}{args}
 """
 
 
+_UNQUOTED_UNSAFE = " \t\n'\"$`\\"
+
+
+def _plain_abs_path(value: str, unsafe: str = _UNQUOTED_UNSAFE) -> bool:
+    """An absolute path that can be written unquoted into a shell script or a unit file."""
+    return value.startswith("/") and not any(c in value for c in unsafe)
+
+
 def render_wrapper(kind: str, python: str, config: str | None, site: str | None) -> str:
     """The text of a hook wrapper (``kind`` is ``prolog`` or ``epilog``)."""
-    if not python.startswith("/") or any(c in python for c in " \t\n'\"$`\\"):
+    if not _plain_abs_path(python):
         raise click.BadParameter(f"interpreter must be an absolute path without spaces or quotes: {python!r}")
     args = ""
     for flag, value in (("--config", config), ("--site", site)):
         if value:
-            if not value.startswith("/") or any(c in value for c in " \t\n'\"$`\\"):
+            if not _plain_abs_path(value):
                 raise click.BadParameter(f"{flag} must be an absolute path without spaces or quotes")
             args += f" {flag} {value}"
     return _WRAPPER.format(kind=kind, python=python, args=args)
@@ -85,7 +93,7 @@ def render_handoff_units(python: str, site: str | None) -> dict[str, str]:
     store outage left behind.
     """
     for what, value in (("interpreter", python), ("--site", site)):
-        if value is not None and (not value.startswith("/") or any(c in value for c in " \t\n'\"$`\\%")):
+        if value is not None and not _plain_abs_path(value, _UNQUOTED_UNSAFE + "%"):  # % is a systemd specifier
             raise click.BadParameter(f"{what} must be an absolute path without spaces, quotes or %: {value!r}")
     environment = f"Environment=SLURM_BT_SITE_CONFIG={site}\n" if site else ""
     timer = f"{HANDOFF_UNIT}<node>.timer"
@@ -388,8 +396,9 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
             if not dry_run:
                 libexec.mkdir(parents=True, exist_ok=True, mode=0o755)
                 _write_root_file(dest, text, 0o755)  # slurmd must execute it; root-owned
+        served = nodes or tuple(_local_nodes())
         roots = []
-        for node in nodes or tuple(_local_nodes()):
+        for node in served:
             roots.append(expand_path(site_settings.storage.scratch, user="root", uid=0, home="/root", node=node))
             roots.append(expand_path(site_settings.storage.node_cache, user="root", uid=0, home="/root", node=node))
         roots.append(expand_path(site_settings.storage.cache, user="root", uid=0, home="/root"))
@@ -408,7 +417,6 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
                 click.echo(f"{'would write' if dry_run else 'writing'} {dest}")
                 if not dry_run:
                     _write_root_file(dest, text, 0o644)
-            served = nodes or tuple(_local_nodes())
             units = " ".join(f"{HANDOFF_UNIT}{n}.timer" for n in served) or f"{HANDOFF_UNIT}<node>.timer"
             click.echo(f"then: systemctl daemon-reload && systemctl enable --now {units}")
         gres = {name: m.gres_type for name, m in site_settings.accelerators.items()}

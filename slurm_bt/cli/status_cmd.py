@@ -104,6 +104,16 @@ def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s
     return rows
 
 
+def _remote_status(host: str, argv: list[str], accept_new_host_key: bool, as_json: bool) -> list[dict[str, Any]]:
+    """Run the verb on ``host``, show its rows as a local run would, and pass on its exit status."""
+    rows: list[dict[str, Any]] = remote_json(host, argv, accept_new_host_key) or []
+    _emit(rows, as_json)
+    code = click.get_current_context().meta.get("remote_exit")
+    if code:
+        raise SystemExit(code)
+    return rows
+
+
 @click.command(name="status")
 @click.argument("job_ids", nargs=-1)
 @click.option("--project", default=None, metavar="NAME", help="Every job of this project (name or id).")
@@ -123,11 +133,7 @@ def status_command(job_ids: tuple[str, ...], project: str | None, as_json: bool,
             argv = ["status", *job_ids, *(["--project", project] if project else [])]
             if wait:
                 argv += ["--wait", "--timeout", str(timeout_s)]
-            rows = remote_json(host, argv, accept_new_host_key) or []
-            _emit(rows, as_json)
-            code = click.get_current_context().meta.get("remote_exit")
-            if code:
-                raise SystemExit(code)
+            rows = _remote_status(host, argv, accept_new_host_key, as_json)
         else:
             rows = _local_status(list(job_ids), project, wait, timeout_s, as_json)
     if check and any(r.get("current_status") != "TRAINING_JOB_COMPLETED" for r in rows):
@@ -145,10 +151,6 @@ def list_command(project: str | None, limit: int, as_json: bool, host: str | Non
     with handle_errors("slurm-bt", debug=debug):
         if host is not None:
             argv = ["list", "--limit", str(limit), *(["--project", project] if project else [])]
-            rows = remote_json(host, argv, accept_new_host_key) or []
-            _emit(rows, as_json)
-            code = click.get_current_context().meta.get("remote_exit")
-            if code:
-                raise SystemExit(code)
+            _remote_status(host, argv, accept_new_host_key, as_json)
         else:
             _local_status([], project, False, 0.0, as_json, limit=limit)
