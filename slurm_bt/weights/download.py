@@ -13,7 +13,11 @@ Publish protocol (threats-and-faults.md §5, R6, R7) for every file:
    ends moments after the last byte (no second pass over a cold file).
 4. ``fsync`` the temp file, compare size and sha256 with the manifest; on mismatch delete it and
    raise :class:`~slurm_bt.errors.IntegrityError` with both hashes. Nothing is ever published
-   unverified, and a partial file is never visible under a final name.
+   unverified, and a partial file is never visible under a final name. A file without a known
+   sha256 (HF non-LFS, most object-store objects) is named by the sha256 computed here, and the
+   same cursor also computes one checksum the origin published for it (git blob sha1, CRC32C,
+   CRC32 or MD5: :func:`slurm_bt.weights.sources.checksums.pick_check`), which must match: a body
+   corrupted in transit or at the origin is refused, not published under its own hash.
 5. ``rename`` to ``dest_dir/<sha256>`` and ``fsync`` the directory.
 
 Resume design: every part keeps its own cursor. A transient failure (reset, short body, read
@@ -30,7 +34,6 @@ a killed stager leaves only its ``.<name>.tmp-<pid>-<hex>`` file, which
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import re
 import threading
@@ -47,6 +50,7 @@ from slurm_bt.weights.cache_layout import _start_writeback
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.sources._retry import backoff_delay_s
 from slurm_bt.weights.sources.base import RemoteFile, Source, TransportOptions, open_source
+from slurm_bt.weights.sources.checksums import Hasher, OriginChecksum, new_hasher, pick_check
 from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 from slurm_bt.weights.sources.uri import SourceUri, parse_source_uri
 
@@ -104,13 +108,51 @@ class FetchResult:
     path: Path | None
 
 
-def _new_crc32c() -> Any:
-    """A streaming CRC32C (google-crc32c, a google-cloud dependency), or None when not installed."""
-    try:
-        module: Any = importlib.import_module("google_crc32c")
-    except ImportError:
-        return None
-    return module.Checksum()
+# Chunks at least this large feed the origin-checksum hasher on another thread while sha256 runs
+# here (hashlib and zlib release the GIL): an MD5 beside sha256 then costs wall time max(), not sum().
+_SIDE_PARALLEL_MIN = 1 * MiB
+_side_pool: ThreadPoolExecutor | None = None
+_side_lock = threading.Lock()
+
+
+def _side_executor() -> ThreadPoolExecutor:
+    global _side_pool
+    with _side_lock:
+        if _side_pool is None:
+            _side_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="bt-sidehash")
+        return _side_pool
+
+
+def _feed(sha: Any, side: Hasher | None, chunk: bytes) -> None:
+    """Feed ``chunk`` to the sha256 and to the origin-checksum hasher (if any), in parallel when big."""
+    if side is None:
+        sha.update(chunk)
+    elif len(chunk) >= _SIDE_PARALLEL_MIN:
+        fut = _side_executor().submit(side.update, chunk)
+        sha.update(chunk)
+        fut.result()
+    else:
+        sha.update(chunk)
+        side.update(chunk)
+
+
+def _check_origin(source: Source, file: RemoteFile, check: OriginChecksum, got: str, *, published: bool) -> None:
+    """Raise IntegrityError unless ``got`` is the origin's ``check`` (or the check turns out not to apply).
+
+    An S3/R2 ETag may look like an MD5 without being one (SSE-KMS, SSE-C): only after a mismatch is
+    the source asked (one HEAD); a source that cannot answer counts as "it is an MD5" (fail closed).
+    """
+    if got == check.value:
+        return
+    if check.maybe_not_content_hash:
+        confirm = getattr(source, "etag_is_md5", None)
+        if confirm is not None and not confirm(file):
+            return
+    raise IntegrityError(
+        source.uri.canonical,
+        f"{check.kind} of the received bytes does not match the origin's {check.label} (corrupted in "
+        f"transit or at the origin){'; not published' if published else ''}",
+        file=file.path, expected=check.value, actual=got)
 
 
 class _RangeIgnored(Exception):
@@ -130,16 +172,14 @@ class _Transfer:
         file: ManifestFile,
         fd: int,
         options: DownloadOptions,
-        want_crc32c: bool,
-        want_md5: bool,
+        check: OriginChecksum | None,
     ) -> None:
         self.source = source
         self.file = file
         self.fd = fd
         self.options = options
         self.abort = threading.Event()
-        self._want_crc32c = want_crc32c
-        self._want_md5 = want_md5
+        self._check = check
         self._hash_lock = threading.Lock()
         self.plan(parallel=file.size >= options.parallel_threshold)
 
@@ -152,10 +192,7 @@ class _Transfer:
         self.done = [False] * len(self.parts)
         self.next_hash = 0
         self.sha = hashlib.sha256()
-        self.md5 = hashlib.md5(usedforsecurity=False) if self._want_md5 else None
-        self.crc: Any = None
-        if self._want_crc32c:
-            self.crc = _new_crc32c()
+        self.side = new_hasher(self._check, self.file.size) if self._check is not None else None
 
     # -- hashing behind the writers ------------------------------------------------------------
 
@@ -175,11 +212,7 @@ class _Transfer:
                         chunk = os.pread(self.fd, min(8 * MiB, end - pos), pos)
                         if not chunk:
                             raise StorageError(str(self.file.path), f"temp file shorter than expected at {pos}")
-                        self.sha.update(chunk)
-                        if self.md5 is not None:
-                            self.md5.update(chunk)
-                        if self.crc is not None:
-                            self.crc.update(chunk)
+                        _feed(self.sha, self.side, chunk)
                         pos += len(chunk)
                     # Start writeback of the hashed part now, so the final fsync (durability before
                     # publish) does not have to write the whole file at the end.
@@ -283,10 +316,11 @@ def fetch_file(
 ) -> FetchResult:
     """Fetch one file into ``dest_dir/<sha256>``, verified; the engine behind every download.
 
-    ``file.sha256`` may be None (object stores without a published sha256): the hash computed
-    while streaming then names the blob, after the origin's own CRC32C/MD5 (GCS) matched, so the
-    bytes we name are the bytes the origin stored. That is how ``resolve(mirror_dir=...)`` gets a
-    verified sha256 without streaming the object twice.
+    ``file.sha256`` may be None (HF non-LFS files, object stores without a published sha256): the
+    hash computed while streaming then names the blob, after the origin's own checksum (git blob
+    sha1, CRC32C, CRC32 or MD5, whichever is cheapest of those listed) matched on the same pass, so
+    the bytes we name are the bytes the origin stored. That is how ``resolve(mirror_dir=...)`` and
+    the staging job get a verified sha256 without streaming the object twice.
 
     Raises:
         IntegrityError: size or hash mismatch (nothing published).
@@ -298,8 +332,7 @@ def fetch_file(
     mfile = file if isinstance(file, ManifestFile) else ManifestFile(
         path=file.path, size=file.size, sha256=expected or _EMPTY_SHA256, etag=file.etag
     )
-    md5 = getattr(file, "md5", None) if expected is None else None
-    crc = getattr(file, "crc32c", None) if expected is None else None
+    check = pick_check(file.checksums) if expected is None and isinstance(file, RemoteFile) else None
     if expected is not None:
         final = dest_dir / expected
         try:
@@ -319,7 +352,7 @@ def fetch_file(
                 os.posix_fallocate(fd, 0, file.size)
             except OSError:
                 os.ftruncate(fd, file.size)  # filesystems without fallocate (some NFS, tmpfs quirks)
-        transfer = _Transfer(source, mfile, fd, options, want_crc32c=crc is not None, want_md5=md5 is not None)
+        transfer = _Transfer(source, mfile, fd, options, check)
         if file.size:
             own_pool = pool is None
             workers = pool or ThreadPoolExecutor(max_workers=options.max_workers, thread_name_prefix="bt-part")
@@ -337,12 +370,9 @@ def fetch_file(
         if expected is not None and actual != expected:
             raise IntegrityError(uri, "sha256 mismatch; not published", file=file.path,
                                  expected=expected, actual=actual)
-        if crc is not None and transfer.crc is not None and transfer.crc.digest().hex() != crc:
-            raise IntegrityError(uri, "crc32c mismatch with the origin's checksum; not published",
-                                 file=file.path, expected=crc, actual=transfer.crc.digest().hex())
-        if md5 is not None and transfer.md5 is not None and transfer.md5.hexdigest() != md5:
-            raise IntegrityError(uri, "md5 mismatch with the origin's checksum; not published",
-                                 file=file.path, expected=md5, actual=transfer.md5.hexdigest())
+        if check is not None and transfer.side is not None:
+            assert isinstance(file, RemoteFile)
+            _check_origin(source, file, check, transfer.side.hexdigest(), published=True)
         final = dest_dir / actual
         closed = True
         _publish(fd, tmp, final, options.file_mode)
@@ -360,7 +390,8 @@ def fetch_file(
 def hash_remote_file(source: Source, file: RemoteFile, *, options: DownloadOptions | None = None) -> str:
     """sha256 of a remote file computed by streaming it once (no disk), with resume on resets.
 
-    The origin's CRC32C/MD5, when listed, is checked on the same pass.
+    The origin's own checksum (git blob sha1, CRC32C, CRC32 or MD5), when listed, is checked on the
+    same pass.
 
     Raises:
         IntegrityError: the origin's own checksum disagrees with the bytes received.
@@ -370,30 +401,26 @@ def hash_remote_file(source: Source, file: RemoteFile, *, options: DownloadOptio
     mfile = ManifestFile(path=file.path, size=file.size, sha256=_EMPTY_SHA256, etag=file.etag)
     uri = source.uri.canonical
 
-    def fresh() -> tuple[Any, Any, Any]:
-        crc: Any = None
-        if file.crc32c:
-            crc = _new_crc32c()
-        md5 = hashlib.md5(usedforsecurity=False) if file.md5 and crc is None else None
-        return hashlib.sha256(), md5, crc
+    check = pick_check(file.checksums)
 
-    sha, md5, crc = fresh()
+    def fresh() -> tuple[Any, Hasher | None]:
+        return hashlib.sha256(), new_hasher(check, file.size) if check is not None else None
+
+    sha, side = fresh()
     cur = failures = total = 0
     while cur < file.size:
         stream = None
         try:
             stream = source.open_range(mfile, cur, None)
             if not stream.partial and cur:
-                sha, md5, crc = fresh()
+                sha, side = fresh()
                 cur = 0
             while cur < file.size:
                 data = stream.read(min(options.read_size, file.size - cur))
                 if not data:
                     raise SourceUnavailableError(uri, "body ended before the expected size",
                                                  file=file.path, offset=cur, transient=True)
-                for h in (sha, md5, crc):
-                    if h is not None:
-                        h.update(data)
+                _feed(sha, side, data)
                 cur += len(data)
         except SourceUnavailableError as exc:
             total += 1
@@ -405,12 +432,8 @@ def hash_remote_file(source: Source, file: RemoteFile, *, options: DownloadOptio
         finally:
             if stream is not None:
                 stream.close()
-    if crc is not None and crc.digest().hex() != file.crc32c:
-        raise IntegrityError(uri, "crc32c mismatch with the origin's checksum", file=file.path,
-                             expected=str(file.crc32c), actual=crc.digest().hex())
-    if md5 is not None and md5.hexdigest() != file.md5:
-        raise IntegrityError(uri, "md5 mismatch with the origin's checksum", file=file.path,
-                             expected=str(file.md5), actual=md5.hexdigest())
+    if check is not None and side is not None:
+        _check_origin(source, file, check, side.hexdigest(), published=False)
     digest: str = sha.hexdigest()
     return digest
 

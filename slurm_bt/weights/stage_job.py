@@ -145,6 +145,11 @@ class _CountingSource:
     def open_range(self, file: ManifestFile, start: int, end: int | None) -> _CountingStream:
         return _CountingStream(self._inner.open_range(file, start, end), self._progress)
 
+    def etag_is_md5(self, file: Any) -> bool:
+        """Forwarded: download.py asks it after an ETag-MD5 mismatch (SSE-KMS objects, sources/s3.py)."""
+        confirm = getattr(self._inner, "etag_is_md5", None)
+        return True if confirm is None else bool(confirm(file))
+
     def close(self) -> None:
         self._inner.close()
 

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from slurm_bt.errors import SourceError, SourceUnavailableError
 from slurm_bt.weights.manifest import ManifestFile, SourceKind
+from slurm_bt.weights.sources.checksums import OriginChecksum
 from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 from slurm_bt.weights.sources.uri import SourceUri
 
@@ -58,16 +59,17 @@ class RemoteFile:
         sha256: lower-case hex when the origin publishes a trustworthy one (HF LFS oid, S3
             full-object ``ChecksumSHA256``); None = must be computed by streaming.
         etag: the version pin (S3 ETag, GCS generation, HF etag).
-        md5: hex MD5 the origin guarantees for this content (GCS ``md5Hash``), or None.
-        crc32c: hex CRC32C the origin guarantees (GCS ``crc32c``), or None.
+        checksums: what else the origin says the content hashes to (HF git blob id, GCS
+            crc32c/md5Hash, S3 CRC32/CRC32C, the MD5 of a single-part S3/R2 ETag). When
+            ``sha256`` is None, the download checks one of them on the same pass that computes the
+            sha256, so a corrupted body is never published (checksums.py).
     """
 
     path: str
     size: int
     sha256: str | None
     etag: str | None = None
-    md5: str | None = None
-    crc32c: str | None = None
+    checksums: tuple[OriginChecksum, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,12 @@ class BodyStream:
 
 
 class Source(Protocol):
-    """A backend bound to one source URI, credentials and endpoints."""
+    """A backend bound to one source URI, credentials and endpoints.
+
+    A backend whose listing may take an ETag for an MD5 when it is not one (S3/R2: SSE-KMS, SSE-C)
+    also has ``etag_is_md5(file: RemoteFile) -> bool``; the download engine asks it before refusing
+    a file whose bytes do not match that ETag (download.py).
+    """
 
     uri: SourceUri
 

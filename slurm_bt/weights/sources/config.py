@@ -60,10 +60,15 @@ class SourceEndpoints(BaseModel):
             GET (SigV4 query string, no network call) and the bytes go through the same urllib3
             range engine as HF and GCS, which measured faster than botocore's response stream
             (bench/results/weights.md); ``boto3``: ``GetObject`` through botocore.
+        s3_etag_md5: the ETag of a single-part object (32 hex digits, no ``-N``) is the MD5 of its
+            content, as S3 documents (SSE-KMS/SSE-C objects are recognised and exempted), so
+            downloads check it. Turn off only for an S3-compatible store whose ETags are something
+            else (the download then fails with "md5 mismatch ... ETag" on every single-part object).
         r2_endpoint_template: R2 S3 endpoint; ``{account_id}`` is replaced (a template without
             it names one endpoint for every account: a gateway, or the test server).
         r2_checksum_when_required: the same switch for R2, on by default: R2 has rejected SDK
             default checksums several times (transfer-perf.md §2).
+        r2_etag_md5: ``s3_etag_md5`` for R2 (whose single-part ETags are MD5s too).
         gcs_endpoint: GCS JSON API base URL (fake-gcs-server in tests).
     """
 
@@ -75,8 +80,10 @@ class SourceEndpoints(BaseModel):
     s3_addressing_style: Literal["auto", "path", "virtual"] = "auto"
     s3_checksum_when_required: bool = False
     s3_data_plane: Literal["presigned", "boto3"] = "presigned"
+    s3_etag_md5: bool = True
     r2_endpoint_template: str = "https://{account_id}.r2.cloudflarestorage.com"
     r2_checksum_when_required: bool = True
+    r2_etag_md5: bool = True
     gcs_endpoint: str = "https://storage.googleapis.com"
 
     @field_validator("hf_endpoint", "gcs_endpoint")

@@ -3,13 +3,13 @@
 The JSON API needs two calls (``objects.list`` with paging, ``objects.get?alt=media`` with
 Range), so they are made directly; the only client library used is google-auth, and only to turn
 a service-account key into a bearer token (anonymous requests need nothing). Each download pins
-``generation=<listed generation>``, so an object overwritten after resolve is never mixed in; GCS
-``crc32c``/``md5Hash`` from the listing are checked whenever we compute the sha256 ourselves.
+``generation=<listed generation>``, so an object overwritten after resolve is never mixed in; the
+listing's ``crc32c`` (or ``md5Hash`` when google-crc32c is missing) is checked on the same pass that
+computes the sha256, so a corrupted body is never published.
 """
 
 from __future__ import annotations
 
-import base64
 import importlib
 import json
 import threading
@@ -21,6 +21,7 @@ from slurm_bt.weights.manifest import ManifestFile
 from slurm_bt.weights.sources._http import http_status_error, make_pool, open_http_range
 from slurm_bt.weights.sources._retry import retry_transient
 from slurm_bt.weights.sources.base import Listing, RangeStream, RemoteFile, TransportOptions
+from slurm_bt.weights.sources.checksums import ChecksumKind, OriginChecksum, b64_to_hex
 from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 from slurm_bt.weights.sources.s3 import listing_digest, safe_relative_path
 from slurm_bt.weights.sources.uri import SourceUri
@@ -30,8 +31,6 @@ __all__ = ["GcsSource"]
 _SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 
 
-def _b64_to_hex(value: str | None) -> str | None:
-    return base64.b64decode(value).hex() if value else None
 
 
 class GcsSource:
@@ -87,6 +86,19 @@ class GcsSource:
 
         return retry_transient(once, self._options.list_retries)
 
+    def _checksums(self, item: dict[str, Any]) -> tuple[OriginChecksum, ...]:
+        """crc32c (every object) and md5Hash (absent on composite objects) as the listing gives them."""
+        checks = []
+        fields: tuple[tuple[str, ChecksumKind], ...] = (("crc32c", "crc32c"), ("md5Hash", "md5"))
+        try:
+            for field, kind in fields:
+                value = b64_to_hex(item.get(field))
+                if value is not None:
+                    checks.append(OriginChecksum(kind, value, field))
+        except ValueError as exc:
+            raise SourceError(self.uri.canonical, f"object {item.get('name')!r} has a malformed {field}") from exc
+        return tuple(checks)
+
     def list_files(self) -> Listing:
         """List every object under ``prefix/`` with size, generation, crc32c and md5."""
         prefix = self.uri.prefix
@@ -108,8 +120,7 @@ class GcsSource:
                 if not safe_relative_path(path):
                     raise SourceError(self.uri.canonical, f"object name {name!r} cannot be mirrored safely")
                 files.append(RemoteFile(path, size, None, etag=str(item["generation"]),
-                                        md5=_b64_to_hex(item.get("md5Hash")),
-                                        crc32c=_b64_to_hex(item.get("crc32c"))))
+                                        checksums=self._checksums(item)))
             token = page.get("nextPageToken")
             if not token:
                 break

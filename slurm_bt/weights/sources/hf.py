@@ -1,7 +1,8 @@
 """``hf://org/repo[@revision]``: Hugging Face Hub (or a mirror / the test server at ``hf_endpoint``).
 
 Metadata goes through huggingface_hub (``model_info`` pins the revision to the commit the Hub
-answers with; ``list_repo_tree`` gives sizes and LFS sha256). Bytes go through plain ranged GETs on
+answers with; ``list_repo_tree`` gives sizes, LFS sha256 and, for non-LFS files, the git blob sha1
+that the download checks). Bytes go through plain ranged GETs on
 ``/{repo}/resolve/{commit}/{path}``: the commit in the URL pins the version, so a branch that
 moves after resolve can never leak into a download (threats F07). ``token=False`` is passed when
 the source has no secret, so a token saved on the login node is never used by accident.
@@ -9,6 +10,7 @@ the source has no secret, so a token saved on the login node is never used by ac
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import quote
 
@@ -17,11 +19,13 @@ from slurm_bt.weights.manifest import ManifestFile
 from slurm_bt.weights.sources._http import make_pool, open_http_range
 from slurm_bt.weights.sources._retry import retry_transient
 from slurm_bt.weights.sources.base import Listing, RangeStream, RemoteFile, TransportOptions
+from slurm_bt.weights.sources.checksums import OriginChecksum
 from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 from slurm_bt.weights.sources.uri import SourceUri
 
 __all__ = ["HfSource"]
 
+_GIT_OID = re.compile(r"^[0-9a-f]{40}$")
 _TRANSPORT_HINTS = ("Connect", "Timeout", "Network", "Read", "Protocol", "Remote")
 
 
@@ -75,7 +79,7 @@ class HfSource:
         return HfApi(endpoint=self._endpoint, token=self._token or False)
 
     def list_files(self) -> Listing:
-        """Pin the revision to the Hub's commit and list every file with LFS sha256 where known."""
+        """Pin the revision to the Hub's commit and list every file with its LFS sha256 or git blob id."""
         api = self._api()
 
         def info() -> Any:
@@ -101,7 +105,13 @@ class HfSource:
                 continue  # a folder
             lfs = getattr(entry, "lfs", None)
             sha256 = lfs.sha256 if lfs is not None else None
-            files.append(RemoteFile(entry.path, int(entry.size), sha256, etag=sha256 or entry.blob_id))
+            checks: tuple[OriginChecksum, ...] = ()
+            if sha256 is None and _GIT_OID.match(str(entry.blob_id)):
+                # A non-LFS file: the tree's oid is git's blob sha1 of the content, so its bytes are
+                # checked too (the sha256 naming it is computed from the very bytes published).
+                checks = (OriginChecksum("git-sha1", str(entry.blob_id), "git blob id"),)
+            files.append(RemoteFile(entry.path, int(entry.size), sha256, etag=sha256 or entry.blob_id,
+                                    checksums=checks))
         self.uri = pinned  # from now on every byte comes from this commit, whatever the branch does
         return Listing(pinned, commit, tuple(files))
 

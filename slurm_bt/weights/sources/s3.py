@@ -13,14 +13,15 @@ client does not retry, because the download engine resumes ranges itself and mus
 
 from __future__ import annotations
 
-import base64
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError, SourceUnavailableError
 from slurm_bt.weights.manifest import ManifestFile
 from slurm_bt.weights.sources._retry import retry_transient
 from slurm_bt.weights.sources.base import BodyStream, Listing, RangeStream, RemoteFile, TransportOptions
+from slurm_bt.weights.sources.checksums import ChecksumKind, OriginChecksum, b64_to_hex, s3_etag_md5
 from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 from slurm_bt.weights.sources.uri import SourceUri
 
@@ -28,6 +29,8 @@ __all__ = ["S3Source", "listing_digest", "safe_relative_path"]
 
 _ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled", "403", "401"}
 _MISSING_CODES = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
+# A HEAD costs one round trip; an MD5 instead of a CRC over 64 MiB costs ~60 ms of CPU (checksums.py).
+_HEAD_MIN_SIZE = 64 * 1024 * 1024
 
 
 def listing_digest(files: list[RemoteFile]) -> str:
@@ -70,10 +73,12 @@ class S3Source:
             assert uri.account is not None
             endpoint: str | None = endpoints.r2_endpoint(uri.account)
             region, when_required, style = "auto", endpoints.r2_checksum_when_required, "path"
+            self._etag_md5 = endpoints.r2_etag_md5
         else:
             endpoint = endpoints.s3_endpoint_url
             region, when_required = endpoints.s3_region, endpoints.s3_checksum_when_required
             style = endpoints.s3_addressing_style
+            self._etag_md5 = endpoints.s3_etag_md5
         creds = credentials or SourceCredentials()
         session = boto3.session.Session(
             aws_access_key_id=creds.aws_access_key_id,
@@ -138,20 +143,54 @@ class S3Source:
 
         return retry_transient(once, 2)
 
-    def _full_object_sha256(self, key: str) -> str | None:
-        head = self._call(self._meta.head_object, Bucket=self.uri.container, Key=key, ChecksumMode="ENABLED")
-        value = head.get("ChecksumSHA256")
-        if not value or "-" in value or head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
-            return None  # a COMPOSITE (per-part) checksum is not the content's sha256
-        return base64.b64decode(value).hex()
+    def _head_checksums(self, key: str, etag: str | None) -> tuple[str | None, tuple[OriginChecksum, ...]]:
+        """The full-object sha256 and CRCs of ``key`` at version ``etag`` (one HEAD)."""
+        kwargs: dict[str, Any] = {"Bucket": self.uri.container, "Key": key, "ChecksumMode": "ENABLED"}
+        if etag:
+            kwargs["IfMatch"] = etag  # the checksums of the listed version, not of a later overwrite
+        return self._checks_from_head(self._call(self._meta.head_object, **kwargs), key)
+
+    def _checks_from_head(self, head: dict[str, Any], key: str) -> tuple[str | None, tuple[OriginChecksum, ...]]:
+        if head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+            return None, ()  # a COMPOSITE (per-part) checksum says nothing about the whole content
+        sha: str | None = None
+        checks: list[OriginChecksum] = []
+        fields: tuple[tuple[str, ChecksumKind], ...] = (("ChecksumCRC32C", "crc32c"), ("ChecksumCRC32", "crc32"))
+        try:
+            value = head.get("ChecksumSHA256")
+            if value and "-" not in value:
+                sha = b64_to_hex(value)
+            for field, kind in fields:
+                value = head.get(field)
+                if value and "-" not in value:
+                    hexv = b64_to_hex(value)
+                    assert hexv is not None
+                    checks.append(OriginChecksum(kind, hexv, f"x-amz-checksum-{kind}"))
+        except ValueError as exc:
+            raise SourceError(self.uri.canonical, f"object {key!r} has a malformed checksum header") from exc
+        if sha is not None and len(sha) != 64:
+            raise SourceError(self.uri.canonical, f"object {key!r} has a malformed x-amz-checksum-sha256")
+        return sha, tuple(checks)
+
+    def _etag_check(self, etag: str | None) -> tuple[OriginChecksum, ...]:
+        md5 = s3_etag_md5(etag) if self._etag_md5 else None
+        # maybe_not_content_hash: SSE-KMS / SSE-C ETags look the same; a mismatch asks etag_is_md5.
+        return (OriginChecksum("md5", md5, "ETag", maybe_not_content_hash=True),) if md5 else ()
 
     def list_files(self) -> Listing:
-        """List every object under ``prefix/`` (directory semantics); one object if prefix is a key."""
+        """List every object under ``prefix/`` (directory semantics); one object if prefix is a key.
+
+        Each object carries the checksums its origin vouches for: the MD5 of a single-part ETag
+        (free with the listing) and, from one HEAD, full-object SHA256/CRC32/CRC32C when the listing
+        says the object has them. The HEAD is made when it buys something: always for SHA256 (no
+        sha256 to compute), for a CRC only when there is no MD5 ETag (multipart) or the object is big
+        enough that checking a CRC instead of an MD5 saves real CPU (``_HEAD_MIN_SIZE``).
+        """
         prefix = self.uri.prefix
         pages = self._meta.get_paginator("list_objects_v2").paginate(
             Bucket=self.uri.container, Prefix=f"{prefix}/" if prefix else ""
         )
-        files: list[RemoteFile] = []
+        found: list[tuple[str, str, int, str | None, bool]] = []  # path, key, size, etag, head?
         try:
             for page in pages:
                 for obj in page.get("Contents", []):
@@ -162,26 +201,54 @@ class S3Source:
                     if not safe_relative_path(path):
                         raise SourceError(self.uri.canonical, f"object key {key!r} cannot be mirrored safely "
                                           "(empty, '.' or '..' segment, or control character)")
-                    sha = self._full_object_sha256(key) if "SHA256" in obj.get("ChecksumAlgorithm", []) else None
-                    files.append(RemoteFile(path, int(obj["Size"]), sha, etag=obj.get("ETag")))
+                    size, etag = int(obj["Size"]), obj.get("ETag")
+                    algos = set(obj.get("ChecksumAlgorithm", []))
+                    head = "SHA256" in algos or (bool(algos & {"CRC32", "CRC32C"}) and (
+                        not self._etag_check(etag) or size >= _HEAD_MIN_SIZE))
+                    found.append((path, key, size, etag, head))
         except SourceError:
             raise
         except Exception as exc:
             raise self._map_error(exc) from exc
+        heads: dict[str, tuple[str | None, tuple[OriginChecksum, ...]]] = {}
+        wanted = [(key, etag) for _, key, _, etag, head in found if head]
+        if wanted:
+            with ThreadPoolExecutor(min(16, self._options.max_connections), thread_name_prefix="bt-head") as pool:
+                heads = dict(zip((k for k, _ in wanted), pool.map(lambda ke: self._head_checksums(*ke), wanted),
+                                 strict=True))
+        files: list[RemoteFile] = []
+        for path, key, size, etag, _ in found:
+            sha, crcs = heads.get(key, (None, ()))
+            files.append(RemoteFile(path, size, sha, etag=etag, checksums=crcs + self._etag_check(etag)))
         if not files and prefix:
             try:
-                head = self._meta.head_object(Bucket=self.uri.container, Key=prefix)
+                head = self._meta.head_object(Bucket=self.uri.container, Key=prefix, ChecksumMode="ENABLED")
             except Exception as exc:
                 mapped = self._map_error(exc)
                 if isinstance(mapped, SourceNotFoundError):
                     raise SourceNotFoundError(self.uri.canonical, "no object under this prefix") from exc
                 raise mapped from exc
             name = prefix.rsplit("/", 1)[-1]
-            files.append(RemoteFile(name, int(head["ContentLength"]), None, etag=head.get("ETag")))
+            sha, crcs = self._checks_from_head(head, prefix)
+            files.append(RemoteFile(name, int(head["ContentLength"]), sha, etag=head.get("ETag"),
+                                    checksums=crcs + self._etag_check(head.get("ETag"))))
             # The single object lives at the prefix itself: re-root the URI one level up.
             parent = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
             self.uri = SourceUri(self.uri.kind, self.uri.container, parent, account=self.uri.account)
         return Listing(self.uri, listing_digest(files), tuple(files))
+
+    def etag_is_md5(self, file: RemoteFile) -> bool:
+        """Whether ``file``'s ETag really is the MD5 of its content (asked only after a mismatch).
+
+        S3 documents the ETag of a single-part object as its MD5 except under SSE-KMS (also DSSE-KMS)
+        and SSE-C, which a listing does not show; one HEAD of the pinned version tells.
+        """
+        kwargs: dict[str, Any] = {"Bucket": self.uri.container, "Key": self.uri.key_for(file.path)}
+        if file.etag:
+            kwargs["IfMatch"] = file.etag
+        head = self._call(self._meta.head_object, **kwargs)
+        encrypted = str(head.get("ServerSideEncryption", "")).startswith("aws:kms") or head.get("SSECustomerAlgorithm")
+        return not encrypted
 
     def open_range(self, file: ManifestFile, start: int, end: int | None) -> RangeStream:
         """Ranged GetObject pinned with ``IfMatch`` to the listed ETag."""
