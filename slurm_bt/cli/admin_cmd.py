@@ -219,6 +219,51 @@ def _handoff_area_check(node: str, storage: dict[str, str], max_age_s: float = 3
                  f"and enable the periodic sweep (slurm-bt admin install --systemd-dir)", warn=True)
 
 
+def _proctrack_check(proctrack: str) -> Check:
+    """Who ends the processes a job leaves behind (setsid, nohup, double forks): Slurm or our epilog."""
+    if proctrack == "proctrack/cgroup":
+        return Check("leftover processes", True, f"ProctrackType={proctrack}: Slurm ends every process of a job")
+    return Check("leftover processes", True,
+                 f"ProctrackType={proctrack or '(unset)'}: processes that leave a job's process tree are ended by "
+                 "the slurm-bt epilog when their user has no other job on this host (epilog/README.md)")
+
+
+def _squats_check(node: str, state_root: str) -> Check:
+    """Names that had to belong to someone, found taken by another user (records: slurm_bt.hooks.squats)."""
+    import time
+
+    from slurm_bt.hooks.squats import SQUATS_DIR, read_squats
+
+    squats = read_squats(node, state_root)
+    if not squats:
+        return Check(f"squatted directories on {node}", True)
+    shown = "; ".join(
+        f"{sq.path} ({sq.kind} of uid {sq.owner_uid}, needed by uid {sq.victim_uid} job {sq.job_id}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(sq.seen_at))}"
+        + (f", {sq.count} times" if sq.count > 1 else "") + f": {sq.action})" for sq in squats[:5])
+    return Check(f"squatted directories on {node}", False,
+                 f"{len(squats)} seen: {shown}" + (" ..." if len(squats) > 5 else ""),
+                 "ask the owning users why (the hooks already sidestepped them); then "
+                 f"`rm {state_root}/{node}/{SQUATS_DIR}/*.json`", warn=True)
+
+
+def _runtime_root_check(template: str) -> Check:
+    """The prolog creates ``slurm-bt-<uid>`` root-side here; a root a user could replace defeats that."""
+    from slurm_bt.hooks.safefs import UntrustedPath, open_trusted_dir
+
+    root = template if "{" not in template else template.split("{", 1)[0].rstrip("/")
+    try:
+        os.close(open_trusted_dir(root or "/", allow_sticky_final=True))
+    except FileNotFoundError:
+        return Check("runtime root", False, f"{root} does not exist", f"mount a tmpfs at {root}", warn=True)
+    except UntrustedPath as exc:
+        return Check("runtime root", False, f"{exc}: users could take each other's runtime directories",
+                     f"chown root:root {root} and chmod 1777 (or 0755) it", warn=True)
+    except OSError as exc:
+        return Check("runtime root", False, f"{root}: {exc.strerror}", "check the tmpfs", warn=True)
+    return Check("runtime root", True)
+
+
 def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None) -> list[Check]:
     """Run every check for this host's ``nodes``; see the module docstring."""
     from slurm_bt.hooks.config import HookConfigError, load_hook_settings, load_trusted_site
@@ -274,6 +319,7 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
                                 "PrologFlags=Alloc,Contain,DeferBatch (prolog on every node before the batch step)"))
         else:
             checks.append(Check("PrologFlags", True))
+        checks.append(_proctrack_check(conf.get("ProctrackType", "")))
         try:
             timeout = int(conf.get("PrologEpilogTimeout", "65534").split()[0])
         except ValueError:
@@ -307,11 +353,13 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
                                     f"checkpoints that were not confirmed uploaded: {handoff}",
                                     "upload or archive them, then remove the job dirs and records", warn=True))
         checks.append(_handoff_area_check(node, site.storage.model_dump()))
+        checks.append(_squats_check(node, STATE_ROOT))
         fault = Path(f"{STATE_ROOT}/{node}/last-fault")
         if fault.is_file():
             checks.append(Check(f"last hook fault on {node}", False, fault.read_text(errors="replace").strip(),
                                 f"fix the cause, `rm {fault}`, then `scontrol update nodename={node} state=resume`",
                                 warn=True))
+    checks.append(_runtime_root_check(site.storage.runtime))
     cache = expand_path(site.storage.cache, user="root", uid=0, home="/root")
     chk = _check_root_dir("shared cache root", cache)
     checks.append(chk)

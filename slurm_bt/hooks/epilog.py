@@ -10,7 +10,14 @@ every step accepts "already done" and "never started" (threats-and-faults.md R3,
 2. node-cache lease release and LRU hook points (bounded);
 3. scratch removal: fd-relative, never following a symlink, never crossing a filesystem or mount
    point, surviving concurrent swaps; leftovers are logged, not drained;
-4. removal of the job's notes under ``/run/slurm-bt/<node>/jobs/<id>``.
+4. removal of the job's runtime directory ``<runtime root>/slurm-bt-<uid>/<id>`` (per-node env
+   files with resolved secrets: also when the job ended between step 1 and step 2), the same
+   fd-relative way (:mod:`.runtime`);
+5. removal of the job's notes under ``/run/slurm-bt/<node>/jobs/<id>``.
+
+Before all of these it ends the user's processes that outlived the job on this host, when the user
+has no other job here (:mod:`.leftovers`: the notes of every node on the host decide, signals go
+through pidfds after a start-time check, never to root or system users, bounded).
 
 Only an unusable scratch root (missing after the prolog made it, unsafe ownership, I/O errors)
 exits non-zero.
@@ -27,7 +34,9 @@ import time
 
 from slurm_bt.hooks.extensions import enforce_node_cache_lru, flush_checkpoints, release_node_cache_leases
 from slurm_bt.hooks.jobstate import JobStateDir
+from slurm_bt.hooks.leftovers import end_leftover_processes, mark_job_ending, other_jobs_of_user, summary
 from slurm_bt.hooks.runner import HookContext, NodeFault, run_hook
+from slurm_bt.hooks.runtime import remove_job_runtime_dir
 from slurm_bt.hooks.safefs import (
     UnsafeEntry,
     UntrustedPath,
@@ -37,12 +46,16 @@ from slurm_bt.hooks.safefs import (
     remove_tree_at,
     write_file_at,
 )
+from slurm_bt.hooks.status import STATE_ROOT
 from slurm_bt.hooks.sweep import HANDOFF_DIR
 from slurm_bt.site_settings import expand_path
 
-__all__ = ["CHECKPOINT_REL", "HANDOFF_DIR", "epilog_body", "main", "remove_scratch"]
+__all__ = ["CHECKPOINT_REL", "HANDOFF_DIR", "PROCESS_BUDGET_S", "end_processes", "epilog_body", "main",
+           "remove_scratch"]
 
 CHECKPOINT_REL = ("mnt", "checkpoints")
+PROCESS_BUDGET_S = 10.0
+"""At most this much of the epilog ends leftover processes (SIGTERM grace, then SIGKILL rounds)."""
 
 
 def _has_checkpoints(root_fd: int, job_id: str) -> bool:
@@ -116,9 +129,34 @@ def remove_scratch(ctx: HookContext, *, keep_checkpoints: bool) -> None:
         os.close(fd)
 
 
+def end_processes(ctx: HookContext) -> None:
+    """End the job user's processes that outlived the job here, unless the user has another job on the host.
+
+    First the job's notes get the "epilog started" mark, so that the epilog of another job of the
+    same user ending at the same time does not count this job as still running (and vice versa).
+    """
+    env = ctx.env
+    if env.context != "epilog_slurmd" or ctx.state_root != STATE_ROOT:
+        # Only slurmd's epilog with the host's notes root sweeps: "no other job on this host" is
+        # known only from the notes every prolog here writes (a hand-run epilog, epilog/README.md,
+        # or an in-process test with its own notes root cannot vouch for that).
+        ctx.notes.append("processes: not swept (not slurmd's epilog)")
+        return
+    try:
+        mark_job_ending(ctx.state_root, env.node, env.job_id, env.gid)
+    except OSError as exc:  # only makes a concurrent epilog more careful
+        ctx.log.warning(f"cannot mark the job's notes as ending: {exc}")
+    report = end_leftover_processes(env.uid, env.job_id, state_root=ctx.state_root, log=ctx.log.warning,
+                                    deadline=time.monotonic() + ctx.budget(PROCESS_BUDGET_S, reserve_s=30.0))
+    if report.other_jobs or report.terminated or report.killed or report.left:
+        ctx.notes.append(summary(report))
+
+
 def epilog_body(ctx: HookContext) -> None:
     """The epilog's work (see the module docstring)."""
     env = ctx.env
+    ctx.phase = "processes"
+    end_processes(ctx)
     ctx.phase = "checkpoint-flush"
     flushed = flush_checkpoints(env, ctx.budget(ctx.settings.flush_budget_s, reserve_s=20.0), ctx.log)
     ctx.phase = "node-cache"
@@ -128,6 +166,9 @@ def epilog_body(ctx: HookContext) -> None:
                            ctx.site_path)
     ctx.phase = "scratch"
     remove_scratch(ctx, keep_checkpoints=flushed != "done")
+    ctx.phase = "runtime"
+    others = other_jobs_of_user(ctx.state_root, env.uid, env.job_id)
+    remove_job_runtime_dir(ctx, user_has_other_jobs=bool(others))
     ctx.phase = "notes"
     JobStateDir(env, ctx.state_root).remove(deadline=ctx.deadline - 1.0)
     if flushed == "handed-off" and ctx.settings.resume_handoffs == "background":

@@ -3,11 +3,16 @@
 ``python -I -m slurm_bt.hooks.prolog [--config hooks.toml] [--site site.toml]``; the contract is
 ``prolog/README.md``. Steps, each idempotent (a requeued job or a rerun finds its own work done):
 
-1. clear this job's notes on this node (``/run/slurm-bt/<node>/jobs/<id>``);
+1. clear this job's notes on this node (``/run/slurm-bt/<node>/jobs/<id>``) and record the job's
+   uid in them (``owner``), for every job: the epilog's leftover-process sweep
+   (:mod:`slurm_bt.hooks.leftovers`) learns from these notes whether a user still has a job on the host;
 2. skip jobs that are not slurm-bt jobs (comment ``slurm-bt:...``: a hint only, it selects work
    for the user's own job and nothing else);
 3. scratch: ``<scratch root>/<job id>``, ``0700 <uid>:<gid>``, created fd-relative in the root-owned
-   scratch root; an entry that already exists and is not the user's is refused (P02);
+   scratch root; an entry that already exists and is not the user's is refused (P02); then the
+   per-user runtime directory ``<runtime root>/slurm-bt-<uid>`` (``0700 <uid>:<gid>``), created
+   root-side so that nobody can squat it; a squat is moved aside, removed and reported
+   (:mod:`slurm_bt.hooks.runtime`);
 4. ``job.json`` from the job's work dir, read **as the user** in a dropped child (bounded size and
    time), then re-validated here: it is the user's file and the child's output is untrusted;
 5. with ``cache_config.enabled``: ``<cache>/teams/<group>/{shared,projects/<project>}``,
@@ -32,8 +37,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from slurm_bt.hooks.jobstate import JobStateDir
+from slurm_bt.hooks.leftovers import write_job_owner
 from slurm_bt.hooks.privdrop import ChildError, ChildTimeout, PrivilegeDropError, run_as_job_user, run_in_child
 from slurm_bt.hooks.runner import HookContext, HookUserError, NodeFault, run_hook
+from slurm_bt.hooks.runtime import make_user_runtime_dir
 from slurm_bt.hooks.safefs import UnsafeEntry, UntrustedPath, ensure_dir_at, open_trusted_dir, set_default_group_acl
 from slurm_bt.hooks.sweep import sweep_stale_scratch
 from slurm_bt.hooks.teams import Team, TeamError, resolve_team
@@ -391,12 +398,17 @@ def prolog_body(ctx: HookContext) -> None:
     ctx.phase = "reset-notes"
     state = JobStateDir(env, ctx.state_root)
     state.reset()
+    write_job_owner(ctx.state_root, env.node, env.job_id, env.uid, env.gid)
     if not env.untrusted_comment.startswith(COMMENT_PREFIX):
         ctx.notes.append("not a slurm-bt job")
         return
     ctx.phase = "scratch"
     scratch = make_scratch(ctx)
     record: dict[str, object] = {"scratch": scratch}
+    ctx.phase = "runtime"
+    runtime = make_user_runtime_dir(ctx)
+    if runtime is not None:
+        record["runtime"] = runtime
     ctx.phase = "job-spec"
     spec = read_job_spec_as_user(ctx)
     record["project_id"] = spec.project_id

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from slurm_bt.job_spec import JobSpec, slugify
 from slurm_bt.site_settings import expand_path
 
-__all__ = ["BindMount", "JobLayout", "job_layout", "runtime_dir"]
+__all__ = ["RUNTIME_PREFIX", "BindMount", "JobLayout", "job_layout", "runtime_dir", "user_runtime_dir"]
 
 BASETEN_WORKDIR = "/b10/workspace"
+RUNTIME_PREFIX = "slurm-bt-"
+"""``<runtime root>/slurm-bt-<uid>``: each user's directory of per-job runtime dirs."""
 
 
 @dataclass(frozen=True)
@@ -67,11 +69,20 @@ class JobLayout:
         return next((b.source for b in self.binds if b.target == value), value)
 
 
+def user_runtime_dir(template: str, *, user: str, uid: int, home: str) -> str:
+    """``<runtime root>/slurm-bt-<uid>``: the user's directory of per-job runtime dirs (tmpfs).
+
+    One definition for step 1 (which creates the job's directory in it) and the root hooks (the
+    prolog creates this directory root-side so nobody else can take the name first; the epilog
+    removes the job's directory). ``%n`` is not expanded: the path is the same on every node.
+    """
+    return f"{expand_path(template, user=user, uid=uid, home=home)}/{RUNTIME_PREFIX}{uid}"
+
+
 def runtime_dir(spec: JobSpec, job_id: str) -> str:
     """The per-job private runtime directory (tmpfs), the same path on every node."""
-    root = expand_path(spec.storage["runtime"], user=spec.context.user, uid=spec.context.uid,
-                       home=spec.context.home)
-    return f"{root}/slurm-bt-{spec.context.uid}/{job_id}"
+    ctx = spec.context
+    return f"{user_runtime_dir(spec.storage['runtime'], user=ctx.user, uid=ctx.uid, home=ctx.home)}/{job_id}"
 
 
 def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | None = None,

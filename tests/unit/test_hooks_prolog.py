@@ -57,15 +57,16 @@ def site() -> Iterator[Site]:
     ensure_test_users()
     base = Path(tempfile.mkdtemp(prefix="bt-prolog-", dir="/tmp"))
     os.chmod(base, 0o755)
-    for sub in ("node/n1/scratch", "node/n2/scratch", "shared/cache", "run", "etc"):
+    for sub in ("node/n1/scratch", "node/n2/scratch", "shared/cache", "run", "etc", "shm"):
         (base / sub).mkdir(parents=True, mode=0o755)
         os.chmod(base / sub, 0o755)
+    os.chmod(base / "shm", 0o1777)  # the runtime root, like /dev/shm (never the host's real one)
     hooks = base / "etc" / "hooks.toml"
     hooks.write_text(f'log_file = "{base}/log/hooks.log"\ndeadline_s = 30\nscratch_min_free_mib = 0\n'
                      '[team_groups]\nextra-acct = "btextra"\nbad-acct = "btteam2"\n')
     site_file = base / "etc" / "site.toml"
     site_file.write_text(f'[storage]\nscratch = "{base}/node/%n/scratch"\ncache = "{base}/shared/cache"\n'
-                         f'workspace = "{base}/ws/{{user}}"\n')
+                         f'workspace = "{base}/ws/{{user}}"\nruntime = "{base}/shm"\n')
     yield Site(base, hooks, site_file, f"{base}/run/slurm-bt")
     subprocess.run(["chmod", "-R", "u+rwx", str(base)], capture_output=True, check=False)
     shutil.rmtree(base, ignore_errors=True)
