@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import urllib.request
 from dataclasses import dataclass
@@ -45,6 +46,33 @@ class FakeGcs:
         req = urllib.request.Request(url, method="POST", data=data,
                                      headers={"Content-Type": "application/octet-stream"})
         urllib.request.urlopen(req, timeout=60).read()
+
+    def _object_path(self, bucket: str, name: str) -> Path:
+        # The filesystem backend keeps each object's bytes at data/<bucket>/<name> and its metadata
+        # (md5Hash, crc32c, generation...) in the file's ``user.metadata`` xattr, read per request.
+        return self.root / "data" / bucket / name
+
+    def corrupt_on_disk(self, bucket: str, name: str, offset: int) -> None:
+        """Flip the byte at ``offset`` of the stored object, keeping its metadata (md5Hash, crc32c).
+
+        Bit rot at the origin: the listing still vouches for the original content.
+        """
+        with open(self._object_path(bucket, name), "r+b") as f:
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+    def set_listed_checksums(self, bucket: str, name: str, *, md5_b64: str | None, crc32c_b64: str | None) -> None:
+        """Rewrite the md5Hash/crc32c the server lists for an object (None = drop the field)."""
+        path = self._object_path(bucket, name)
+        meta = json.loads(os.getxattr(path, "user.metadata"))
+        for key, value in (("Md5Hash", md5_b64), ("Crc32c", crc32c_b64)):
+            if value is None:
+                meta.pop(key, None)
+            else:
+                meta[key] = value
+        os.setxattr(path, "user.metadata", json.dumps(meta).encode())
 
     def stop(self) -> None:
         """Kill the process group."""

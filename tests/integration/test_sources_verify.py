@@ -1,0 +1,197 @@
+"""Every byte verified, not only LFS files (issue 8, item 3), against the real loopback servers.
+
+Each origin serves a body that does not match what its listing vouches for, and the staging path
+(``stage_source``, what the staging job runs) and ``resolve(mirror_dir=...)`` must refuse it with the
+file and both checksums named, leaving nothing in the cluster cache:
+
+* fake Hub: a non-LFS file's body flipped in transit (its tree ``oid`` is the git blob sha1);
+* SeaweedFS behind a corrupting proxy: a single-part object whose ETag is the MD5 of the original;
+* fake-gcs-server: an object whose stored bytes rotted (listed crc32c of the original), and one whose
+  listed md5Hash does not match (crc32c absent, as for objects some tools write).
+
+On main before this change all of these were published under the sha256 of the corrupted bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_bt.errors import IntegrityError, SourceError
+from slurm_bt.weights.cluster_cache import ClusterCache
+from slurm_bt.weights.download import DownloadOptions
+from slurm_bt.weights.plan import SourcePin, list_selected, pin_key
+from slurm_bt.weights.sources import SourceCredentials, SourceEndpoints, TransportOptions, parse_credentials, resolve
+from slurm_bt.weights.sources.checksums import git_blob_sha1
+from slurm_bt.weights.stage_job import stage_source
+from tests.servers.corrupt_proxy import CorruptingProxy
+from tests.servers.gcs import FakeGcs
+from tests.servers.hf_hub import FakeHub, Faults
+from tests.servers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedS3
+
+MiB = 1 << 20
+OPTS = DownloadOptions(part_size=1 * MiB, parallel_threshold=2 * MiB, max_workers=4, backoff_base_s=0.01,
+                       transport=TransportOptions(read_timeout_s=5, connect_timeout_s=2, list_retries=2))
+
+
+def _stage(source: str, endpoints: SourceEndpoints, creds: SourceCredentials | None, root: Path) -> ClusterCache:
+    """Pin ``source`` as bt-sbatch does and stage it into a fresh team tier at ``root``."""
+    cache = ClusterCache(root, dir_mode=0o755)
+    listing, files, revision = list_selected(source, allow=None, ignore=None, credentials=creds, endpoints=endpoints)
+    pin = SourcePin(index=0, declared=source, kind=listing.uri.kind, source=listing.uri.canonical, revision=revision,
+                    mount_location="/w", pin_key=pin_key(listing.uri.kind, listing.uri.canonical, revision, files),
+                    files=tuple(files))
+    with open(os.devnull, "w") as out:
+        stage_source(pin, cache, ClusterCache(root.parent / f"{root.name}-shared"), credentials=creds,
+                     endpoints=endpoints, options=OPTS, out=out)
+    return cache
+
+
+def _assert_nothing_published(root: Path, bad: bytes) -> None:
+    """No blob of the bad bytes, no temp file, no manifest, no snapshot anywhere under ``root``."""
+    names = [p.name for p in root.rglob("*") if p.is_file()]
+    assert hashlib.sha256(bad).hexdigest() not in names, names
+    assert not [n for n in names if ".tmp-" in n], names
+    for sub in ("manifests", "snapshots"):
+        assert not [p for p in (root / sub).rglob("*") if p.is_file()], sub
+
+
+def _flip(data: bytes, offset: int) -> bytes:
+    return data[:offset] + bytes([data[offset] ^ 0xFF]) + data[offset + 1 :]
+
+
+# -- hf:// non-LFS -----------------------------------------------------------------------------------
+
+
+def test_hf_non_lfs_body_corrupted_in_transit_is_refused(fake_hub: FakeHub, tmp_path: Path) -> None:
+    rnd = random.Random(8)
+    config = json.dumps({"hidden": 16, "pad": "x" * 3000}).encode()
+    files = {"config.json": config, "tokenizer.json": b'{"v": 1}', "model.safetensors": rnd.randbytes(MiB + 5)}
+    tag = rnd.randbytes(4).hex()
+    fake_hub.add_repo(f"Org/Verify-{tag}", files)
+    ep = SourceEndpoints(hf_endpoint=fake_hub.endpoint)
+    source = f"hf://Org/Verify-{tag}"
+    oid = git_blob_sha1(config)
+    with fake_hub.faults(Faults(paths={"config.json"}, corrupt_offset=1234, times=-1)):
+        with pytest.raises(IntegrityError) as err:
+            _stage(source, ep, None, tmp_path / "team")
+        mirror = tmp_path / "mirror"
+        mirror.mkdir()
+        with pytest.raises(IntegrityError, match="git blob id"):
+            resolve(source, endpoints=ep, mirror_dir=mirror, options=OPTS)
+    msg = str(err.value)
+    assert "'config.json'" in msg and oid in msg and "git blob id" in msg and "not published" in msg, msg
+    assert err.value.actual == git_blob_sha1(_flip(config, 1234))
+    bad = _flip(config, 1234)
+    _assert_nothing_published(tmp_path / "team", bad)
+    _assert_nothing_published(mirror, bad)
+    # The same source served correctly stages, and config.json is the original bytes.
+    cache = _stage(source, ep, None, tmp_path / "team")
+    assert (cache.layout.blobs / hashlib.sha256(config).hexdigest()).read_bytes() == config
+
+
+# -- s3:// single-part objects (ETag = MD5) -----------------------------------------------------------
+
+
+@pytest.fixture
+def proxy(seaweed: SeaweedS3) -> Iterator[CorruptingProxy]:
+    p = CorruptingProxy(seaweed.endpoint).start()
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def _s3_creds() -> SourceCredentials:
+    return parse_credentials("s3", json.dumps({"aws_access_key_id": ACCESS_KEY, "aws_secret_access_key": SECRET_KEY}),
+                             source="s3://weights", secret_name="aws")
+
+
+@pytest.mark.parametrize("plane", ["presigned", "boto3"])
+def test_s3_single_part_object_not_matching_its_etag_is_refused(seaweed: SeaweedS3, proxy: CorruptingProxy,
+                                                                tmp_path: Path, plane: str) -> None:
+    rnd = random.Random(plane)
+    prefix = f"verify-{rnd.randbytes(4).hex()}"
+    big = rnd.randbytes(3 * MiB + 1)  # several ranged parts
+    client = seaweed.client()
+    client.put_object(Bucket="weights", Key=f"{prefix}/model.bin", Body=big)
+    client.put_object(Bucket="weights", Key=f"{prefix}/config.json", Body=b'{"a": 1}')
+    md5 = hashlib.md5(big, usedforsecurity=False).hexdigest()
+    assert client.head_object(Bucket="weights", Key=f"{prefix}/model.bin")["ETag"] == f'"{md5}"'
+    ep = SourceEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path", s3_data_plane=plane)
+    proxy.corrupt[f"/weights/{prefix}/model.bin"] = 2 * MiB + 17
+    with pytest.raises(IntegrityError) as err:
+        _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
+    assert proxy.flipped, "the proxy never corrupted anything: the test proves nothing"
+    msg = str(err.value)
+    assert "'model.bin'" in msg and md5 in msg and "ETag" in msg and "not published" in msg, msg
+    _assert_nothing_published(tmp_path / "team", _flip(big, 2 * MiB + 17))
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    with pytest.raises(IntegrityError, match="ETag"):
+        resolve(f"s3://weights/{prefix}", credentials=_s3_creds(), endpoints=ep, mirror_dir=mirror, options=OPTS)
+    _assert_nothing_published(mirror, _flip(big, 2 * MiB + 17))
+    proxy.corrupt.clear()
+    cache = _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
+    assert (cache.layout.blobs / hashlib.sha256(big).hexdigest()).read_bytes() == big
+
+
+def test_s3_multipart_object_has_no_content_checksum_in_its_listing(seaweed: SeaweedS3) -> None:
+    """What the docs say is not verified for multipart objects without a full-object checksum."""
+    prefix = f"verify-mp-{random.Random().randbytes(4).hex()}"
+    client = seaweed.client()
+    key = f"{prefix}/shard.bin"
+    up = client.create_multipart_upload(Bucket="weights", Key=key)
+    parts = []
+    for n in (1, 2):
+        r = client.upload_part(Bucket="weights", Key=key, UploadId=up["UploadId"], PartNumber=n,
+                               Body=bytes([n]) * (5 * MiB if n == 1 else 1000))
+        parts.append({"ETag": r["ETag"], "PartNumber": n})
+    client.complete_multipart_upload(Bucket="weights", Key=key, UploadId=up["UploadId"],
+                                     MultipartUpload={"Parts": parts})
+    from slurm_bt.weights.sources.base import open_source
+    from slurm_bt.weights.sources.uri import parse_source_uri
+
+    src = open_source(parse_source_uri(f"s3://weights/{prefix}"), credentials=_s3_creds(),
+                      endpoints=SourceEndpoints(s3_endpoint_url=seaweed.endpoint, s3_addressing_style="path"))
+    try:
+        [f] = src.list_files().files
+    finally:
+        src.close()
+    assert f.etag is not None and "-" in f.etag and f.checksums == () and f.sha256 is None
+
+
+# -- gs:// ----------------------------------------------------------------------------------------------
+
+
+def test_gcs_object_not_matching_its_crc32c_or_md5_is_refused(fake_gcs: FakeGcs, tmp_path: Path) -> None:
+    rnd = random.Random(11)
+    prefix = f"verify-{rnd.randbytes(4).hex()}"
+    body = rnd.randbytes(2 * MiB + 9)
+    fake_gcs.upload("gweights", f"{prefix}/rot/model.bin", body)
+    fake_gcs.upload("gweights", f"{prefix}/md5/model.bin", body)
+    ep = SourceEndpoints(gcs_endpoint=fake_gcs.endpoint)
+    # 1. bit rot at the origin: stored bytes changed, listing still has the original crc32c/md5Hash
+    fake_gcs.corrupt_on_disk("gweights", f"{prefix}/rot/model.bin", MiB + 3)
+    with pytest.raises(IntegrityError) as err:
+        _stage(f"gs://gweights/{prefix}/rot", ep, None, tmp_path / "rot")
+    assert "'model.bin'" in str(err.value) and "crc32c" in str(err.value), err.value
+    _assert_nothing_published(tmp_path / "rot", _flip(body, MiB + 3))
+    # 2. a listed md5Hash the content does not have, and no crc32c to prefer over it
+    wrong = hashlib.md5(b"something else", usedforsecurity=False).digest()
+    fake_gcs.set_listed_checksums("gweights", f"{prefix}/md5/model.bin",
+                                  md5_b64=base64.b64encode(wrong).decode(), crc32c_b64=None)
+    with pytest.raises(IntegrityError) as err:
+        _stage(f"gs://gweights/{prefix}/md5", ep, None, tmp_path / "md5")
+    msg = str(err.value)
+    assert "md5Hash" in msg and wrong.hex() in msg and hashlib.md5(body, usedforsecurity=False).hexdigest() in msg
+    _assert_nothing_published(tmp_path / "md5", body)
+    with pytest.raises(SourceError, match="md5Hash"):
+        resolve(f"gs://gweights/{prefix}/md5", endpoints=ep, options=OPTS)  # hash-only resolve checks too
