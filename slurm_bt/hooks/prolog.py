@@ -306,7 +306,8 @@ def _node_cache_healthy(root: str) -> bool:
     return True
 
 
-def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, root: str) -> dict[str, Any]:
+def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, root: str,
+                 team_gid: int | None = None) -> dict[str, Any]:
     """Run in a forked root child: stage the job's weights, return a JSON-able, classified outcome.
 
     Why classify here and not in the parent: only the child has the real exception (class, ``errno``,
@@ -324,7 +325,8 @@ def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, roo
         return " ".join(msg.split())[:1500]
 
     try:
-        entries = stage_for_job(ctx.env.to_environ(), spec, raw, team=team, site=ctx.site, log=lines.append)
+        entries = stage_for_job(ctx.env.to_environ(), spec, raw, team=team, team_gid=team_gid, site=ctx.site,
+                                log=lines.append)
     except (WeightsJobError, CacheFullError, CacheIntegrityError, CacheLockTimeout) as exc:
         return {"outcome": "job", "message": text(exc), "lines": lines}
     except OSError as exc:  # StorageError included: a blob in no tier, cluster-tier I/O, the node cache
@@ -367,7 +369,8 @@ def stage_weights(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, obje
                             f"(deadline_s={ctx.settings.deadline_s:.0f}); retry, or ask an admin to raise deadline_s")
     slug = team_slug(team.name)
     try:
-        result = run_in_child(lambda: _stage_child(ctx, spec, raw, slug, root), timeout_s=budget)
+        # team.gid: the audience of credentialed entries on the node and the group the team tier must have
+        result = run_in_child(lambda: _stage_child(ctx, spec, raw, slug, root, team.gid), timeout_s=budget)
     except ChildTimeout:
         raise HookUserError(
             f"copying this job's weights into the node cache on {env.node} did not finish within {budget:.0f} s "

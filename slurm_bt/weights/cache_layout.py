@@ -41,6 +41,7 @@ from pydantic import ValidationError
 
 from slurm_bt.atomic import fsync_dir, publish_dir_atomic
 from slurm_bt.errors import CacheIntegrityError, StorageError
+from slurm_bt.weights.locks import process_start_time
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
 __all__ = [
@@ -78,6 +79,20 @@ class CacheLayout:
     """Paths of one cache root; pure apart from :meth:`ensure` and the readers."""
 
     root: Path
+    #: Node tier, credentialed entries: the group of the team allowed to read them. Blobs are then
+    #: ``0440 root:<group>`` and snapshot dirs ``0550`` (the same audience as the team's cluster
+    #: tier); None = world-readable ``0444``/``0555`` (public sources, cluster tiers).
+    group: int | None = None
+
+    @property
+    def blob_mode(self) -> int:
+        """Mode of published blobs: 0444, or 0440 for a group-restricted tier."""
+        return BLOB_MODE if self.group is None else BLOB_MODE & ~0o004
+
+    @property
+    def ro_dir_mode(self) -> int:
+        """Mode of published snapshot directories: 0555, or 0550 for a group-restricted tier."""
+        return SNAPSHOT_DIR_MODE if self.group is None else SNAPSHOT_DIR_MODE & ~0o005
 
     @property
     def blobs(self) -> Path:
@@ -199,24 +214,34 @@ class CacheLayout:
 
 
 def tmp_name(kind: str) -> str:
-    """A unique name for a temp entry: ``<kind>.<pid>.<random>@<host>``.
+    """A unique name for a temp entry: ``<kind>.<pid>_<start>.<random>@<host>``.
 
-    Host and pid let a garbage collector on the same host remove leftovers of dead writers at once
-    (a shared ``.tmp/`` on Lustre is seen by many hosts, whose pids mean nothing here).
+    Host, pid and the pid's start time (``/proc/<pid>/stat`` field 22) let a garbage collector on
+    the same host prove the writer dead at once, even after the pid was reused
+    (:func:`slurm_bt.weights.locks.writer_is_dead`); a shared ``.tmp/`` on Lustre is seen by many
+    hosts, whose pids mean nothing here, so those wait for the writer's heartbeat to go stale.
     """
-    return f"{kind}.{os.getpid()}.{secrets.token_hex(6)}@{socket.gethostname()}"
+    pid = os.getpid()
+    return f"{kind}.{pid}_{process_start_time(pid) or 0}.{secrets.token_hex(6)}@{socket.gethostname()}"
 
 
-def parse_tmp_name(name: str) -> tuple[str, int] | None:
-    """``(host, pid)`` from a :func:`tmp_name` (possibly with a prefix), or None."""
+def parse_tmp_name(name: str) -> tuple[str, int, int | None] | None:
+    """``(host, pid, start time or None)`` from a :func:`tmp_name` (possibly with a prefix), or None.
+
+    Names written before start times were recorded (``<kind>.<pid>.<random>@<host>``) parse with
+    ``None``.
+    """
     head, sep, host = name.rpartition("@")
     parts = head.split(".")
-    if not sep or len(parts) < 3:
+    if not sep or len(parts) < 3 or not host:
         return None
+    pid_text, _, start_text = parts[-2].partition("_")
     try:
-        return host, int(parts[-2])
+        pid = int(pid_text)
+        start = int(start_text) if start_text else None
     except ValueError:
         return None
+    return host, pid, (start or None)
 
 
 def _mkdir_checked(path: Path, mode: int) -> None:
@@ -395,8 +420,12 @@ def copy_only(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CHUNK)
     return off
 
 
-def publish_blob_file(tmp: Path, fd: int, final: Path, f: ManifestFile, actual_sha: str, actual_size: int) -> bool:
+def publish_blob_file(tmp: Path, fd: int, final: Path, f: ManifestFile, actual_sha: str, actual_size: int, *,
+                      group: int | None = None) -> bool:
     """Verify, seal (0444, fsync) and rename a written temp blob into place; the temp is gone after.
+
+    With ``group`` (a credentialed node-tier entry) the blob is sealed ``0440`` with that group
+    instead, so only the team that may read the source can read the bytes.
 
     An existing blob at ``final`` is kept (content addressing: same name, same bytes), so the
     temp is dropped. Returns True when this call published the blob.
@@ -408,7 +437,9 @@ def publish_blob_file(tmp: Path, fd: int, final: Path, f: ManifestFile, actual_s
     try:
         if actual_size != f.size or actual_sha != f.sha256:
             raise CacheIntegrityError(str(final), f.sha256, actual_sha, f.size, actual_size)
-        os.fchmod(fd, BLOB_MODE)
+        if group is not None:
+            os.fchown(fd, -1, group)
+        os.fchmod(fd, BLOB_MODE if group is None else BLOB_MODE & ~0o004)  # after chown (clears bits)
         os.fsync(fd)
         if os.path.lexists(final):
             return False
@@ -426,7 +457,7 @@ def publish_blob_file(tmp: Path, fd: int, final: Path, f: ManifestFile, actual_s
     return True
 
 
-def _link_or_copy(blob: Path, dst: Path) -> None:
+def _link_or_copy(blob: Path, dst: Path, layout: CacheLayout) -> None:
     try:
         os.link(blob, dst)
         return
@@ -439,7 +470,9 @@ def _link_or_copy(blob: Path, dst: Path) -> None:
         try:
             size = os.fstat(src_fd).st_size
             copy_and_hash(src_fd, dst_fd, size)
-            os.fchmod(dst_fd, BLOB_MODE)
+            if layout.group is not None:
+                os.fchown(dst_fd, -1, layout.group)
+            os.fchmod(dst_fd, layout.blob_mode)
             os.fsync(dst_fd)
         finally:
             os.close(dst_fd)
@@ -492,10 +525,12 @@ def build_snapshot(layout: CacheLayout, manifest: Manifest) -> Path:
             blob = layout.blob(f.sha256)
             if not blob.exists():
                 raise StorageError(str(blob), f"blob for {f.path} is missing; cannot build snapshot {mid}")
-            _link_or_copy(blob, dst)
+            _link_or_copy(blob, dst, layout)
         for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
             fsync_dir(d)
-            os.chmod(d, SNAPSHOT_DIR_MODE)
+            if layout.group is not None:
+                os.chown(d, -1, layout.group)
+            os.chmod(d, layout.ro_dir_mode)
         try:
             publish_dir_atomic(tmp, final)
         except StorageError:

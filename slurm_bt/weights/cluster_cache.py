@@ -20,18 +20,21 @@ caller's ``authorize(manifest)`` before anything else, hit or miss. The cache re
 from __future__ import annotations
 
 import contextlib
+import errno
+import grp
 import logging
 import os
+import pwd
 import re
 import shutil
-import socket
 import stat
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_bt.atomic import write_file_atomic
+from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.errors import StorageError
 from slurm_bt.weights.cache_layout import (
     CacheLayout,
@@ -45,14 +48,20 @@ from slurm_bt.weights.cache_layout import (
     sha256_fd,
     tmp_name,
 )
-from slurm_bt.weights.locks import LockOptions, optional_lock, process_start_time
+from slurm_bt.weights.locks import LockOptions, optional_lock, writer_is_dead
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
-__all__ = ["Authorizer", "CacheStats", "ClusterCache", "EntryInfo", "Fetcher", "blob_present", "cache_stats", "gc_temp",
-           "unique_blobs"]
+__all__ = ["WRITER_STALE_AFTER_S", "Authorizer", "CacheStats", "ClusterCache", "EntryInfo", "Fetcher", "blob_present",
+           "cache_stats", "gc_temp", "shared_tier_problem", "team_tier_problem", "unique_blobs"]
 
 _log = logging.getLogger("slurm_bt.weights.cache")
 _TEAM = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+WRITER_STALE_AFTER_S = 600.0
+"""A writer directory (``.tmp/writer.*``) whose heartbeat is older than this is a dead writer's,
+whatever host made it (the heartbeat bumps its mtime every few seconds)."""
+_WRITER_HEARTBEAT_S = 10.0
+_LEGACY_TEMP = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]+$")  # download temps of writers before writer dirs
 
 Authorizer = Callable[[Manifest], None]
 """Raises if the requesting user's credentials cannot read the manifest's source (R8, P11)."""
@@ -127,6 +136,90 @@ def blob_present(layout: CacheLayout, f: ManifestFile) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size == f.size
 
 
+def _describe(st: os.stat_result) -> str:
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"owner {owner}, group {group}, mode {stat.S_IMODE(st.st_mode):04o}"
+
+
+def shared_tier_problem(root: Path) -> str | None:
+    """Why the admin-curated shared tier at ``root`` must not be used, or None (usable, or absent).
+
+    The shared tier is trusted more than a team tier (a hit there skips staging; with
+    ``verify_node_copy = "team"`` the node copies it without re-hashing), so it must be exactly what
+    an admin makes: a real directory owned by root that nobody else can write, in a parent owned by
+    root (a user owning the parent could rename the tier away and put their own in its place). A
+    user who creates ``<base>/shared`` before the admin does would otherwise decide what every
+    job on the cluster loads.
+    """
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be checked: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory (or is a symlink)"
+    if st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o022:
+        return f"was not created by an admin ({_describe(st)}; the shared tier must be root-owned, 0755)"
+    try:
+        pst = os.lstat(root.parent)
+    except OSError as exc:
+        return f"its parent cannot be checked: {exc.strerror}"
+    if pst.st_uid != 0 or (stat.S_IMODE(pst.st_mode) & 0o022 and not pst.st_mode & stat.S_ISVTX):
+        return (f"its parent {root.parent} is not root's ({_describe(pst)}): its owner could replace the "
+                "shared tier")
+    return None
+
+
+def _is_member(uid: int, gid: int) -> bool:
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    if pw.pw_gid == gid:
+        return True
+    try:
+        return pw.pw_name in grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+
+
+def team_tier_problem(root: Path, gid: int) -> str | None:
+    """Why the team tier at ``root`` is not the team's own, or None (usable, or absent).
+
+    A team tier is trusted for authorization (a COMPLETE marker there lets the team's jobs use an
+    entry) and teammates' files in it are taken as the team's, so it must be exactly what slurm-bt
+    or an admin creates: a real directory whose group is the team's group (``gid``), owned by root
+    or a member of that group, and closed to others. Nobody outside the team can create a directory
+    with the team's group, so a directory pre-created by another user in a world-writable
+    ``teams/`` (a squat) always fails this check.
+    """
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be checked: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory (or is a symlink)"
+    try:
+        team = grp.getgrgid(gid).gr_name
+    except KeyError:
+        team = str(gid)
+    if (st.st_gid != gid or stat.S_IMODE(st.st_mode) & 0o007
+            or not (st.st_uid == 0 or _is_member(st.st_uid, gid))):
+        return (f"was not created for team group {team} ({_describe(st)}; slurm-bt creates it as "
+                f"<member>:{team} 2770, admins as root:{team} 3770)")
+    return None
+
+
 class ClusterCache:
     """One cluster-tier root (a team namespace or the shared tier).
 
@@ -145,6 +238,9 @@ class ClusterCache:
         #: that users cannot write (the shared tier), when the site accepts undetected storage rot
         #: (``[weights] verify_node_copy = "team"``). Never set for team tiers.
         self.trusted_copy = trusted_copy
+        #: Why this tier must not be used at all (a squatted or user-made tier), else None. A refused
+        #: tier has no entries and no blobs for its readers: it is sidestepped, never trusted.
+        self.refused: str | None = None
 
     @classmethod
     def for_team(cls, base: Path, team: str, **kwargs: object) -> ClusterCache:
@@ -155,8 +251,16 @@ class ClusterCache:
 
     @classmethod
     def shared(cls, base: Path, **kwargs: object) -> ClusterCache:
-        """The admin-curated tier ``<base>/shared`` (root-owned, read-only to users)."""
-        return cls(Path(base) / "shared", **kwargs)  # type: ignore[arg-type]
+        """The admin-curated tier ``<base>/shared`` (root-owned, read-only to users).
+
+        A tier that is not root's (:func:`shared_tier_problem`) comes back with :attr:`refused` set:
+        it then holds nothing for anyone, and callers report it.
+        """
+        cache = cls(Path(base) / "shared", **kwargs)  # type: ignore[arg-type]
+        problem = shared_tier_problem(cache.root)
+        if problem is not None:
+            cache.refused = f"{cache.root} {problem}; it is ignored (an admin must remove it: rm -rf {cache.root})"
+        return cache
 
     @property
     def root(self) -> Path:
@@ -167,7 +271,7 @@ class ClusterCache:
 
     def has(self, manifest: Manifest) -> bool:
         """The entry is complete: its COMPLETE marker exists with exactly this manifest's JSON."""
-        return self.layout.is_complete(manifest)
+        return self.refused is None and self.layout.is_complete(manifest)
 
     def missing_blobs(self, manifest: Manifest) -> list[ManifestFile]:
         """Distinct blobs of ``manifest`` not present at the right size (one per sha256)."""
@@ -184,6 +288,8 @@ class ClusterCache:
             FileNotFoundError: not in this tier.
             StorageError: something other than a regular file is there.
         """
+        if self.refused is not None:
+            raise FileNotFoundError(errno.ENOENT, self.refused, str(self.layout.blob(f.sha256)))
         return open_regular(self.layout.blob(f.sha256))
 
     # -- publishing -------------------------------------------------------------------------------
@@ -222,6 +328,72 @@ class ClusterCache:
             with contextlib.suppress(OSError):
                 os.unlink(src)
         return self.layout.blob(f.sha256)
+
+    @contextlib.contextmanager
+    def writer_dir(self, heartbeat_s: float = _WRITER_HEARTBEAT_S) -> Iterator[Path]:
+        """A private ``.tmp/writer.<pid>_<start>.<rand>@<host>`` dir for one writer's temp files.
+
+        Downloads write their (preallocated, possibly huge) temp files in here instead of beside
+        the final blob names, so a writer killed with ``kill -9`` leaves debris that names its host,
+        pid and pid start time. A thread bumps the dir's mtime every ``heartbeat_s`` while the writer
+        lives; :func:`gc_temp` removes the dir once the writer is provably dead (same host: pid gone
+        or reused; other host: heartbeat older than :data:`WRITER_STALE_AFTER_S`). Mode 2770, so a
+        teammate's collector may delete its files. Removed on exit.
+        """
+        self.layout.ensure(dir_mode=self.dir_mode)
+        path = self.layout.tmp / tmp_name("writer")
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o2770 if self.dir_mode & 0o070 else 0o700)
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(heartbeat_s):
+                with contextlib.suppress(OSError):
+                    os.utime(path)
+
+        t = threading.Thread(target=beat, name="cache-writer-heartbeat", daemon=True)
+        t.start()
+        try:
+            yield path
+        finally:
+            stop.set()
+            t.join(timeout=1.0)
+            force_rmtree(path)
+
+    def publish_fetched(self, path: Path, f: ManifestFile) -> bool:
+        """Move a blob that the download engine verified (in a :meth:`writer_dir`) to ``blobs/``.
+
+        ``link`` + ``unlink`` rather than ``rename``: an existing blob is never replaced (in a sticky
+        ``blobs/`` a teammate's blob could not be anyway), content addressing makes it the same bytes.
+        No second hash: every reader that copies onward re-hashes team-tier blobs.
+
+        Returns:
+            True when this call published the blob.
+
+        Raises:
+            StorageError: ``path`` is not a regular file of the expected size, or the link failed.
+        """
+        fd = open_regular(path)
+        try:
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size != f.size:
+            raise StorageError(str(path), f"fetched {size} bytes for {f.path}, expected {f.size}")
+        final = self.layout.blob(f.sha256)
+        try:
+            os.link(path, final)
+            published = True
+        except FileExistsError:
+            published = False
+        except OSError as exc:
+            raise StorageError(str(final), f"cannot publish blob: {exc.strerror}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if published:
+            fsync_dir(self.layout.blobs)
+        return published
 
     def add_manifest(self, manifest: Manifest) -> Path:
         """Build the snapshot and write the COMPLETE marker last; idempotent.
@@ -320,12 +492,9 @@ class ClusterCache:
         return cache_stats(self.layout, tuple(self.entries()))
 
     def gc_temp(self, *, older_than_s: float = 24 * 3600.0) -> list[Path]:
-        """Remove debris of killed writers; returns what was removed.
-
-        An entry of ``.tmp/`` (or a snapshot temp) is removed when it was made on this host by a
-        process that is gone, or when it is older than ``older_than_s`` (other hosts' pids cannot
-        be checked from here; keep this well above the longest download).
-        """
+        """Remove debris of killed writers; returns what was removed (see :func:`gc_temp`)."""
+        if self.refused is not None:
+            return []
         return gc_temp(self.layout, older_than_s)
 
 
@@ -343,32 +512,54 @@ def cache_stats(layout: CacheLayout, entries: tuple[EntryInfo, ...]) -> CacheSta
     return CacheStats(layout.root, entries, n, size, temps)
 
 
-def gc_temp(layout: CacheLayout, older_than_s: float) -> list[Path]:
-    removed = []
-    host = socket.gethostname()
+def gc_temp(layout: CacheLayout, older_than_s: float, *,
+            writer_stale_after_s: float = WRITER_STALE_AFTER_S) -> list[Path]:
+    """Remove temp debris of writers that are provably dead; returns what was removed.
+
+    Looked at: every entry of ``.tmp/`` and snapshot temps (``snapshots/.<id>.snap.*@<host>``), whose
+    names record host, pid and pid start time (:func:`~slurm_bt.weights.cache_layout.tmp_name`), and
+    download temps that writers before writer dirs left in ``blobs/`` (``.<name>.tmp-<pid>-<hex>``).
+    Dead (:func:`~slurm_bt.weights.locks.writer_is_dead`): on this host, the pid is gone or now
+    another process; on another host, a writer dir's heartbeat is older than
+    ``writer_stale_after_s``. Entries that prove nothing (no host in the name, or another host's
+    entry without heartbeat) go only when older than ``older_than_s`` (well above the longest
+    download). Live writers are never touched.
+    """
+    removed: list[Path] = []
     now = time.time()
     candidates: list[Path] = []
-    for d in (layout.tmp, layout.snapshots):
-        with contextlib.suppress(FileNotFoundError):
+    for d in (layout.tmp, layout.snapshots, layout.blobs):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             for name in os.listdir(d):
-                if d == layout.tmp or (name.startswith(".") and "@" in name):
+                if d == layout.tmp or (d == layout.snapshots and name.startswith(".") and "@" in name) or (
+                        d == layout.blobs and _LEGACY_TEMP.match(name)):
                     candidates.append(d / name)
     for p in candidates:
-        parsed = parse_tmp_name(p.name)
         try:
-            age = now - os.lstat(p).st_mtime
+            st = os.lstat(p)
         except FileNotFoundError:
             continue
-        dead_here = parsed is not None and parsed[0] == host and process_start_time(parsed[1]) is None
-        if dead_here or age > older_than_s:
-            if p.is_dir() and not p.is_symlink():
-                if p.parent == layout.tmp:
-                    force_rmtree(p)
-                else:
-                    remove_tree(layout, p)
+        age = now - st.st_mtime
+        parsed = parse_tmp_name(p.name) if p.parent != layout.blobs else None
+        if parsed is None:
+            dead = age > older_than_s
+        else:
+            host, pid, start = parsed
+            heartbeat = p.name.startswith("writer.")
+            dead = writer_is_dead(host, pid, start, st.st_mtime, now=now,
+                                  stale_after_s=writer_stale_after_s if heartbeat else older_than_s)
+        if not dead:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if p.parent == layout.tmp:
+                force_rmtree(p)
             else:
-                with contextlib.suppress(OSError):
-                    os.unlink(p)
+                with contextlib.suppress(StorageError):
+                    remove_tree(layout, p)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        if not os.path.lexists(p):
             removed.append(p)
+            _log.info("removed %s of a dead writer", p)
     return removed
-

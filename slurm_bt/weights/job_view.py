@@ -78,9 +78,11 @@ def link_job_weights(node_cache: NodeCache | Path, job_id: str, index: int, mani
     """
     if index < 0:
         raise ValueError("weights index must be >= 0")
+    # The entry may live in a team's private subtree (NodeCache.audience); jobs/ is always in the base.
+    entry = node_cache.layout if isinstance(node_cache, NodeCache) else CacheLayout(Path(node_cache))
     layout = CacheLayout(_root_of(node_cache))
-    snap = layout.snapshot(manifest.manifest_id)
-    if not (layout.is_complete(manifest) and snap.is_dir()):
+    snap = entry.snapshot(manifest.manifest_id)
+    if not (entry.is_complete(manifest) and snap.is_dir()):
         raise StorageError(str(snap), f"weights {manifest.source} are not staged on this node")
     job_dir = job_weights_dir(layout.root, job_id)
     layout.jobs.mkdir(mode=0o755, exist_ok=True)

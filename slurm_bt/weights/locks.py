@@ -41,7 +41,7 @@ from pathlib import Path
 from slurm_bt.errors import CacheLockTimeout
 
 __all__ = ["LockOptions", "LockOwner", "WeakLock", "optional_lock", "process_start_time", "read_lock_owner",
-           "weak_lock"]
+           "weak_lock", "writer_is_dead"]
 
 _log = logging.getLogger("slurm_bt.weights.locks")
 
@@ -108,6 +108,44 @@ def process_start_time(pid: int) -> int | None:
         return int(rest[19])  # fields 3.. → index 0 is field 3, so field 22 is index 19
     except (IndexError, ValueError):
         return None
+
+
+def _boot_time() -> float | None:
+    """Epoch seconds of this boot (``btime`` in ``/proc/stat``), or None."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def writer_is_dead(host: str, pid: int, start_time: int | None, last_sign_of_life: float, *,
+                   stale_after_s: float, now: float | None = None) -> bool:
+    """Whether the writer a temp name or lock file describes is provably gone.
+
+    On this host: its pid no longer exists, or the pid now belongs to a process with another
+    start time (pid reuse). Names that carry no start time (older writers) use the clock instead:
+    a process that started *after* the temp file was last written cannot be the one that wrote it.
+    On another host pids mean nothing here, so the only proof is a heartbeat (``last_sign_of_life``,
+    an mtime the writer keeps bumping) older than ``stale_after_s``, as for lock files.
+    """
+    now = time.time() if now is None else now
+    if host != socket.gethostname():
+        return now - last_sign_of_life > stale_after_s
+    if pid <= 0:
+        return now - last_sign_of_life > stale_after_s
+    current = process_start_time(pid)
+    if current is None:
+        return True
+    if start_time is not None:
+        return current != start_time
+    boot = _boot_time()
+    if boot is None:
+        return False
+    started = boot + current / os.sysconf("SC_CLK_TCK")
+    return started > last_sign_of_life + 2.0  # 2 s: btime and tick rounding
 
 
 def read_lock_owner(lock_path: Path) -> LockOwner | None:

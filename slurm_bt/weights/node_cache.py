@@ -15,9 +15,19 @@ Concurrency on one node (several prologs at once, R3):
   an in-progress stage relies on.
 
 The evictor only *tries* entry locks (short timeout) while holding ``evict``, so the two locks
-never deadlock. Leases are ``leases/<manifest_id>/<job_id>`` files; the lease directory's mtime is
-the entry's last use (atime is unreliable, §3.7). The epilog calls :meth:`NodeCache.release`;
-leases of jobs that died with their node are dropped by :meth:`NodeCache.prune_leases`.
+never deadlock.
+
+Audiences (docs/weights-cache.md §2): an entry fetched with credentials must not be readable by
+everyone on the node. Such entries live in the team's own subtree ``private/<team>/`` (a full
+layout of its own, ``root:<team gid> 0750``, blobs ``0440`` and snapshot dirs ``0550`` with the
+team's group), so only the team that could read the source can read the bytes, and a job of another
+team looks in its own subtree and never gets a hit on them. Public entries stay in the root layout,
+shared by everyone. Space, LRU eviction, leases and temp collection cover every subtree; the
+``evict`` lock is node-wide, in the root layout.
+
+Leases are ``leases/<manifest_id>/<job_id>`` files; the lease directory's mtime is the entry's
+last use (atime is unreliable, §3.7). The epilog calls :meth:`NodeCache.release`; leases of jobs
+that died with their node are dropped by :meth:`NodeCache.prune_leases`.
 """
 
 from __future__ import annotations
@@ -29,9 +39,11 @@ import json
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_bt.atomic import fsync_dir, write_file_atomic
@@ -59,11 +71,25 @@ from slurm_bt.weights.eviction import EvictionCandidate, EvictionPlan, EvictionR
 from slurm_bt.weights.locks import LockOptions, optional_lock
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
-__all__ = ["NodeCache", "epilog_enforce_lru", "epilog_release_leases", "validate_job_id"]
+__all__ = ["NodeAudience", "NodeCache", "epilog_enforce_lru", "epilog_release_leases", "validate_job_id"]
 
 _log = logging.getLogger("slurm_bt.weights.cache")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_+.-]{0,63}$")
+_TEAM = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _PENDING = ".manifest.json"
+PRIVATE = "private"
+
+
+@dataclass(frozen=True)
+class NodeAudience:
+    """Who may read a node-tier subtree: the team (slug, as in the cluster tier's name) and its gid."""
+
+    team: str
+    gid: int
+
+    def __post_init__(self) -> None:
+        if not _TEAM.match(self.team):
+            raise ValueError(f"invalid team name {self.team!r}")
 
 
 def validate_job_id(job_id: str) -> str:
@@ -83,6 +109,8 @@ class NodeCache:
         lock_options: lock behaviour; node disks are local, so flock works by default.
         copy_workers: blobs copied in parallel (each copy also hashes in its own thread).
         evict_lock_timeout_s: how long the evictor waits for a busy entry before skipping it.
+        audience: None for public entries (the root layout); a team for credentialed entries, which
+            then live in ``<root>/private/<team>`` readable by that team's group only.
     """
 
     def __init__(
@@ -94,8 +122,14 @@ class NodeCache:
         lock_options: LockOptions | None = None,
         copy_workers: int = 2,
         evict_lock_timeout_s: float = 2.0,
+        audience: NodeAudience | None = None,
     ) -> None:
-        self.layout = CacheLayout(Path(root))
+        #: The node cache root's own layout: public entries, ``jobs/``, the node-wide ``evict`` lock.
+        self.base = CacheLayout(Path(root))
+        self.audience = audience
+        #: Where this instance stages and looks for hits (the base, or the team's private subtree).
+        self.layout = self.base if audience is None else CacheLayout(
+            self.base.root / PRIVATE / audience.team, group=audience.gid)
         self.max_bytes = max_bytes
         self.reserve_bytes = reserve_bytes
         self.lock_options = lock_options or LockOptions()
@@ -104,8 +138,55 @@ class NodeCache:
 
     @property
     def root(self) -> Path:
-        """The cache root."""
-        return self.layout.root
+        """The node cache root (``jobs/`` and public entries live here)."""
+        return self.base.root
+
+    # -- subtrees ---------------------------------------------------------------------------------
+
+    def _subtrees(self) -> list[tuple[str, CacheLayout]]:
+        """``(key prefix, layout)`` of every subtree: the base (prefix ``""``) and each team's."""
+        out = [("", self.base)]
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for name in sorted(os.listdir(self.base.root / PRIVATE)):
+                if _TEAM.match(name):
+                    out.append((f"{PRIVATE}/{name}/", CacheLayout(self.base.root / PRIVATE / name)))
+        return out
+
+    @property
+    def _prefix(self) -> str:
+        return "" if self.audience is None else f"{PRIVATE}/{self.audience.team}/"
+
+    def _split(self, key: str) -> tuple[CacheLayout, str]:
+        """A qualified id or blob key (``private/<team>/<name>`` or ``<name>``) → (layout, name)."""
+        head, _, name = key.rpartition("/")
+        if not head:
+            return self.base, name
+        return CacheLayout(self.base.root / head), name
+
+    def _ensure(self) -> None:
+        """Create the base layout and, for a team, its private subtree (``root:<gid> 0750``).
+
+        Only root writes the node cache (its root is root-owned under a root-owned parent), so
+        nobody else can pre-create ``private/`` or a team's directory; an existing one that does
+        not belong to this process's user is refused, and group and mode are corrected otherwise.
+        """
+        self.base.ensure(extra=("leases", "jobs"))
+        if self.audience is None:
+            return
+        me = os.geteuid()
+        for path, gid, mode in ((self.base.root / PRIVATE, -1, 0o755),
+                                (self.layout.root, self.audience.gid, 0o750)):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+                raise StorageError(str(path), f"is not a directory owned by uid {me}; refusing to use it "
+                                              "(an admin must remove it)")
+            if gid >= 0 and st.st_gid != gid:
+                os.chown(path, -1, gid, follow_symlinks=False)
+            if stat.S_IMODE(os.lstat(path).st_mode) != mode:
+                os.chmod(path, mode, follow_symlinks=False)
+        self.layout.ensure(extra=("leases",))
 
     def snapshot_path(self, manifest: Manifest) -> Path:
         """``snapshots/<manifest_id>`` (exists once staged)."""
@@ -143,7 +224,7 @@ class NodeCache:
         authorize(manifest)
         clusters = [cluster] if isinstance(cluster, ClusterCache) else list(cluster)
         mid = manifest.manifest_id
-        self.layout.ensure(extra=("leases", "jobs"))
+        self._ensure()
         with self._lock(f"entry-{mid}"):
             if self.is_ready(manifest):  # hit: no hashing, trust the root-owned verified tier
                 self._add_lease(mid, job_id)
@@ -152,7 +233,7 @@ class NodeCache:
 
     def _stage_miss(self, manifest: Manifest, clusters: list[ClusterCache], job_id: str) -> Path:
         mid = manifest.manifest_id
-        with self._lock("evict"):
+        with self._evict_lock():
             lease_dir = self.layout.leases / mid
             lease_dir.mkdir(exist_ok=True)
             if not (lease_dir / _PENDING).exists():
@@ -177,8 +258,8 @@ class NodeCache:
                 with contextlib.suppress(OSError):
                     os.rmdir(lease_dir)
             if published:
-                with self._lock("evict"):
-                    self._remove_unreferenced(published)
+                with self._evict_lock():
+                    self._remove_unreferenced([self._prefix + sha for sha in published])
             raise
 
     def _copy_all(self, missing: list[ManifestFile], clusters: list[ClusterCache], need: int,
@@ -240,7 +321,7 @@ class NodeCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-            return publish_blob_file(tmp, dst, self.layout.blob(f.sha256), f, actual, n)
+            return publish_blob_file(tmp, dst, self.layout.blob(f.sha256), f, actual, n, group=self.layout.group)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT) or (
                     isinstance(exc.__cause__, OSError) and exc.__cause__.errno in (errno.ENOSPC, errno.EDQUOT)):
@@ -257,15 +338,17 @@ class NodeCache:
         return max(0, st.f_bavail * st.f_frsize - self.reserve_bytes)
 
     def usage_bytes(self) -> int:
-        """Bytes held by blobs (snapshots are hard links to them)."""
+        """Bytes held by blobs of every subtree (snapshots are hard links to them)."""
         return sum(self._blob_sizes().values())
 
     def _blob_sizes(self) -> dict[str, int]:
+        """Qualified blob key → size, over every subtree (one node-wide budget)."""
         out = {}
-        with contextlib.suppress(FileNotFoundError), os.scandir(self.layout.blobs) as it:
-            for e in it:
-                if not e.name.startswith(".") and e.is_file(follow_symlinks=False):
-                    out[e.name] = e.stat(follow_symlinks=False).st_size
+        for prefix, layout in self._subtrees():
+            with contextlib.suppress(FileNotFoundError), os.scandir(layout.blobs) as it:
+                for e in it:
+                    if not e.name.startswith(".") and e.is_file(follow_symlinks=False):
+                        out[prefix + e.name] = e.stat(follow_symlinks=False).st_size
         return out
 
     def _make_room(self, need: int) -> None:
@@ -276,7 +359,7 @@ class NodeCache:
         room = min(self.max_bytes - usage, self._fs_free())
         if need <= room:
             return
-        with self._lock("evict"):
+        with self._evict_lock():
             plan = self.plan_eviction(usage - (need - room))
             if need > self.max_bytes or not plan.satisfied:
                 raise CacheFullError(str(self.root), need, max(room, 0), tier="node cache",
@@ -310,64 +393,84 @@ class NodeCache:
         return True
 
     def leases(self, manifest_id: str) -> list[str]:
-        """Job ids holding a lease on an entry."""
+        """Job ids holding a lease on an entry (``manifest_id`` may be qualified: ``private/<team>/<id>``)."""
+        layout, mid = self._split(manifest_id) if "/" in manifest_id else (self.layout, manifest_id)
         try:
-            return sorted(n for n in os.listdir(self.layout.leases / manifest_id) if not n.startswith("."))
-        except FileNotFoundError:
+            return sorted(n for n in os.listdir(layout.leases / mid) if not n.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def release(self, job_id: str) -> list[str]:
-        """Drop every lease of ``job_id`` (epilog); idempotent. Returns the manifest ids released."""
-        validate_job_id(job_id)
+    def _all_lease_ids(self) -> list[str]:
+        """Qualified ids of every lease directory in every subtree."""
         out = []
-        with contextlib.suppress(FileNotFoundError):
-            for mid in os.listdir(self.layout.leases):
-                if self._remove_lease(mid, job_id):
-                    out.append(mid)
+        for prefix, layout in self._subtrees():
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                out += [prefix + mid for mid in os.listdir(layout.leases)]
+        return out
+
+    def _remove_qualified_lease(self, key: str, job_id: str) -> bool:
+        layout, mid = self._split(key)
+        d = layout.leases / mid
+        try:
+            os.unlink(d / job_id)
+        except FileNotFoundError:
+            return False
+        with contextlib.suppress(OSError):
+            os.utime(d)
+        return True
+
+    def release(self, job_id: str) -> list[str]:
+        """Drop every lease of ``job_id`` in every subtree (epilog); idempotent. Returns the ids released."""
+        validate_job_id(job_id)
+        out = [key for key in self._all_lease_ids() if self._remove_qualified_lease(key, job_id)]
         return sorted(out)
 
     def prune_leases(self, active_job_ids: Collection[str]) -> list[tuple[str, str]]:
         """Drop leases of jobs not in ``active_job_ids`` (their epilog never ran: node crash, E08).
 
         Returns:
-            ``(manifest_id, job_id)`` pairs removed.
+            ``(manifest_id, job_id)`` pairs removed (ids of private entries qualified).
         """
         active = set(active_job_ids)
         out = []
-        with contextlib.suppress(FileNotFoundError):
-            for mid in os.listdir(self.layout.leases):
-                for job in self.leases(mid):
-                    if job not in active and self._remove_lease(mid, job):
-                        out.append((mid, job))
+        for key in self._all_lease_ids():
+            for job in self.leases(key):
+                if job not in active and self._remove_qualified_lease(key, job):
+                    out.append((key, job))
         return out
 
     # -- eviction ---------------------------------------------------------------------------------
 
-    def _last_used(self, mid: str) -> float:
-        for p in (self.layout.leases / mid, self.layout.manifest_file(mid)):
+    def _last_used(self, key: str) -> float:
+        layout, mid = self._split(key)
+        for p in (layout.leases / mid, layout.manifest_file(mid)):
             with contextlib.suppress(OSError):
                 return os.lstat(p).st_mtime
         return 0.0
 
     def _pending_blobs(self) -> set[str]:
-        """Blobs of leased entries without a COMPLETE marker yet (in-progress stages)."""
+        """Blob keys of leased entries without a COMPLETE marker yet (in-progress stages)."""
         out: set[str] = set()
-        with contextlib.suppress(FileNotFoundError):
-            for mid in os.listdir(self.layout.leases):
-                p = self.layout.leases / mid / _PENDING
-                if self.leases(mid) and p.exists():
-                    with contextlib.suppress(OSError, ValueError):
-                        out.update(f.sha256 for f in Manifest.model_validate_json(p.read_bytes()).files)
+        for key in self._all_lease_ids():
+            layout, mid = self._split(key)
+            prefix = key[: len(key) - len(mid)]
+            p = layout.leases / mid / _PENDING
+            if self.leases(key) and p.exists():
+                with contextlib.suppress(OSError, ValueError):
+                    out.update(prefix + f.sha256 for f in Manifest.model_validate_json(p.read_bytes()).files)
         return out
 
     def _candidates(self) -> list[EvictionCandidate]:
+        """Every complete entry of every subtree; ids and blob keys qualified by subtree."""
         out = []
-        for mid in self.layout.manifest_ids():
-            m = self.layout.read_manifest(mid)
-            if m is None:
-                continue
-            out.append(EvictionCandidate(mid, self._last_used(mid), frozenset(f.sha256 for f in m.files),
-                                         bool(self.leases(mid))))
+        for prefix, layout in self._subtrees():
+            for mid in layout.manifest_ids():
+                m = layout.read_manifest(mid)
+                if m is None:
+                    continue
+                key = prefix + mid
+                out.append(EvictionCandidate(key, self._last_used(key), frozenset(prefix + f.sha256 for f in m.files),
+                                             bool(self.leases(key))))
         return out
 
     def plan_eviction(self, target_bytes: int) -> EvictionPlan:
@@ -380,31 +483,32 @@ class NodeCache:
         Leases are re-checked under each entry's lock; an entry that gained a lease, or whose lock
         stays busy, is skipped (and its blobs kept).
         """
-        with self._lock("evict"):
+        with self._evict_lock():
             return self._execute_locked(plan)
 
     def _execute_locked(self, plan: EvictionPlan) -> EvictionResult:
         removed: list[str] = []
         skipped: list[str] = []
         quick = dataclasses.replace(self.lock_options, timeout_s=self.evict_lock_timeout_s)
-        for mid in plan.manifests:
+        for key in plan.manifests:
+            layout, mid = self._split(key)
             try:
-                with self._lock(f"entry-{mid}", quick):
-                    if self.leases(mid):
-                        skipped.append(mid)
+                with optional_lock(layout.lock(f"entry-{mid}"), quick):
+                    if self.leases(key):
+                        skipped.append(key)
                         continue
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self.layout.manifest_file(mid))
-                    fsync_dir(self.layout.manifests)
-                    remove_tree(self.layout, self.layout.snapshot(mid))
+                        os.unlink(layout.manifest_file(mid))
+                    fsync_dir(layout.manifests)
+                    remove_tree(layout, layout.snapshot(mid))
                     with contextlib.suppress(OSError):
-                        os.unlink(self.layout.leases / mid / _PENDING)
+                        os.unlink(layout.leases / mid / _PENDING)
                     with contextlib.suppress(OSError):
-                        os.rmdir(self.layout.leases / mid)
-                    removed.append(mid)
-                    _log.info("evicted entry %s", mid)
+                        os.rmdir(layout.leases / mid)
+                    removed.append(key)
+                    _log.info("evicted entry %s", key)
             except CacheLockTimeout:
-                skipped.append(mid)
+                skipped.append(key)
         blobs, freed = self._remove_unreferenced(plan.blobs)
         return EvictionResult(tuple(removed), tuple(skipped), tuple(blobs), freed)
 
@@ -414,49 +518,61 @@ class NodeCache:
             refs |= c.blobs
         return refs
 
-    def _remove_unreferenced(self, shas: Sequence[str]) -> tuple[list[str], int]:
-        """Remove the given blobs unless an entry (complete or in progress) still references them."""
+    def _remove_unreferenced(self, keys: Sequence[str]) -> tuple[list[str], int]:
+        """Remove the given blobs (qualified keys) unless an entry, complete or in progress, still uses them."""
         refs = self._referenced_blobs()
         removed, freed = [], 0
-        for sha in shas:
-            if sha in refs:
+        dirs: set[Path] = set()
+        for key in keys:
+            if key in refs:
                 continue
-            p = self.layout.blob(sha)
+            layout, sha = self._split(key)
+            p = layout.blob(sha)
             try:
                 size = os.lstat(p).st_size
                 os.unlink(p)
             except FileNotFoundError:
                 continue
-            removed.append(sha)
+            removed.append(key)
             freed += size
-        if removed:
-            fsync_dir(self.layout.blobs)
+            dirs.add(layout.blobs)
+        for d in dirs:
+            fsync_dir(d)
         return removed, freed
 
     # -- listing ----------------------------------------------------------------------------------
 
     def entries(self) -> list[EntryInfo]:
-        """Complete entries, least recently used first, with their leases."""
+        """Complete entries of every subtree (private ones as ``private/<team>/<id>``), LRU first."""
         out = []
-        for mid in self.layout.manifest_ids():
-            m = self.layout.read_manifest(mid)
-            if m is None:
-                continue
-            published = os.lstat(self.layout.manifest_file(mid)).st_mtime
-            out.append(EntryInfo(mid, m.kind, m.source, m.revision, len(m.files), m.total_bytes, published,
-                                 self._last_used(mid), tuple(self.leases(mid))))
+        for prefix, layout in self._subtrees():
+            for mid in layout.manifest_ids():
+                m = layout.read_manifest(mid)
+                if m is None:
+                    continue
+                key = prefix + mid
+                published = os.lstat(layout.manifest_file(mid)).st_mtime
+                out.append(EntryInfo(key, m.kind, m.source, m.revision, len(m.files), m.total_bytes, published,
+                                     self._last_used(key), tuple(self.leases(key))))
         return sorted(out, key=lambda e: (e.last_used, e.manifest_id))
 
     def stat(self) -> CacheStats:
         """Counts and sizes for ``slurm-bt cache ls --node``."""
-        return cache_stats(self.layout, tuple(self.entries()))
+        return cache_stats(self.base, tuple(self.entries()))
 
     def gc_temp(self, *, older_than_s: float = 3600.0) -> list[Path]:
-        """Remove temp debris of dead writers (node-local, so pids are checked directly)."""
-        return gc_temp(self.layout, older_than_s)
+        """Remove temp debris of dead writers in every subtree (node-local: pids are checked directly)."""
+        out: list[Path] = []
+        for _, layout in self._subtrees():
+            out += gc_temp(layout, older_than_s)
+        return out
 
     def _lock(self, name: str, options: LockOptions | None = None) -> contextlib.AbstractContextManager[None]:
         return optional_lock(self.layout.lock(name), options or self.lock_options)
+
+    def _evict_lock(self) -> contextlib.AbstractContextManager[None]:
+        """The node-wide ``evict`` lock (in the base layout: eviction spans every subtree)."""
+        return optional_lock(self.base.lock("evict"), self.lock_options)
 
 
 # -- epilog hook points (slurm_bt.hooks.extensions looks them up here by name) -------------------------

@@ -12,6 +12,10 @@ Two callers, one per privilege domain (threats-and-faults.md §3.1):
   Authorization (R8): an entry is staged only if it is complete in the requester's team tier or the
   shared tier; nothing reaches those without a staging job that listed the source with the
   requester's (or a teammate's) credentials, and whoever published it held the bytes anyway.
+  Audience (issue #8 item 2): an entry that needed credentials is staged into the team's private
+  node subtree (``private/<team>``, readable by the team's group only), so the node tier gives it
+  the audience of the team tier it came from; only public entries (the shared tier's, and ``hf://``
+  sources declared without credentials) go to the node-wide public layout.
 * **Step 1 of the job** (``slurm_bt.node.prepare``, as the user) calls :func:`prepare_job_weights`.
   With the prolog's record it uses the node-cache snapshots. Without it (a cluster whose prolog does
   not stage weights yet) it falls back to the **cluster cache snapshot** itself: the user cannot
@@ -55,7 +59,7 @@ if TYPE_CHECKING:
     from slurm_bt.job_spec import JobSpec
     from slurm_bt.site_settings import SiteSettings
     from slurm_bt.weights.cluster_cache import ClusterCache
-    from slurm_bt.weights.node_cache import NodeCache
+    from slurm_bt.weights.node_cache import NodeAudience, NodeCache
     from slurm_bt.weights.plan import WeightsPlan
 
 __all__ = [
@@ -96,7 +100,7 @@ def _trusted_site() -> SiteSettings:
     return load_trusted_site(Path(path) if path else None)
 
 
-def _node_cache(site: SiteSettings, environ: Mapping[str, str]) -> NodeCache:
+def _node_cache(site: SiteSettings, environ: Mapping[str, str], audience: NodeAudience | None = None) -> NodeCache:
     from slurm_bt.site_settings import expand_path
     from slurm_bt.weights.node_cache import NodeCache
 
@@ -104,7 +108,8 @@ def _node_cache(site: SiteSettings, environ: Mapping[str, str]) -> NodeCache:
     user = environ.get("SLURM_JOB_USER") or pwd.getpwuid(uid).pw_name
     root = expand_path(site.storage.node_cache, user=user, uid=uid, home=_home(uid),
                        node=environ["SLURMD_NODENAME"])
-    return NodeCache(Path(root), site.weights.node_cache_max_bytes, reserve_bytes=site.weights.node_cache_reserve_bytes)
+    return NodeCache(Path(root), site.weights.node_cache_max_bytes, reserve_bytes=site.weights.node_cache_reserve_bytes,
+                     audience=audience)
 
 
 def _home(uid: int) -> str:
@@ -114,21 +119,31 @@ def _home(uid: int) -> str:
         return "/nonexistent"
 
 
-def _root_owned_readonly(path: Path) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022
-
-
 def _tiers_for_node(site: SiteSettings, base: str, team: str) -> tuple[ClusterCache, ClusterCache]:
-    """(shared, team): the shared tier first (curated, may be trusted to copy without hashing)."""
+    """(shared, team): the shared tier first (curated, may be trusted to copy without hashing).
+
+    A shared tier that an admin did not make (:func:`~slurm_bt.weights.cluster_cache.shared_tier_problem`)
+    comes back ``refused``: it serves nothing, so a user who created it cannot decide what jobs load.
+    """
     from slurm_bt.weights.cluster_cache import ClusterCache
 
-    shared_root = Path(base) / "shared"
-    trusted = site.weights.verify_node_copy == "team" and _root_owned_readonly(shared_root)
-    return ClusterCache(shared_root, trusted_copy=trusted), ClusterCache.for_team(Path(base), team)
+    shared = ClusterCache.shared(Path(base))
+    shared.trusted_copy = (site.weights.verify_node_copy == "team" and shared.refused is None
+                           and shared.root.is_dir())
+    return shared, ClusterCache.for_team(Path(base), team)
+
+
+def _is_public(w: Any, m: Manifest, shared: ClusterCache) -> bool:
+    """Whether an entry may be shared with every user of the node (else: the team's subtree).
+
+    Public: the shared tier holds it (admins curate public models there), or it is an ``hf://``
+    source declared without credentials (anonymous Hub access worked at submit). Everything else,
+    credentialed or from an object store (whose anonymous-looking access may rest on bucket
+    policies or ambient credentials), keeps the audience of the team tier it came from.
+    """
+    if shared.has(m):
+        return True
+    return m.kind == "hf" and not getattr(w, "auth_secret_name", None)
 
 
 def _source_matches(declared: str, manifest: Manifest) -> bool:
@@ -201,6 +216,7 @@ def stage_for_job(
     manifests: Sequence[str | bytes],
     *,
     team: str,
+    team_gid: int | None = None,
     site: SiteSettings | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
@@ -213,6 +229,8 @@ def stage_for_job(
         manifests: :func:`load_job_manifests`' result, obtained in a child running as the user.
         team: the job's team as :func:`slurm_bt.hooks.teams.resolve_team` decided (trusted); it
             names the cluster tier ``<cluster_cache>/teams/<team>``.
+        team_gid: that team's Unix group (trusted, from the same decision): the group the team tier
+            must have, and the audience of credentialed entries on the node. Default: the job's gid.
         site: trusted site settings (default: the root-owned site file).
         log: where to send one line per source (default: nowhere).
 
@@ -236,11 +254,23 @@ def stage_for_job(
     if len(manifests) != len(spec.weights):
         raise WeightsJobError(f"job declares {len(spec.weights)} weights sources but {len(manifests)} manifests "
                               "were found")
+    from slurm_bt.weights.cluster_cache import team_tier_problem
+    from slurm_bt.weights.node_cache import NodeAudience
+
     uid = int(environ.get("SLURM_JOB_UID", "0"))
+    gid = team_gid if team_gid is not None else int(environ.get("SLURM_JOB_GID", os.getgid()))
     base = expand_path(site.storage.cluster_cache, user=environ.get("SLURM_JOB_USER", ""), uid=uid, home=_home(uid))
     shared, team_tier = _tiers_for_node(site, base, team)
-    node = _node_cache(site, environ)
-    node.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if shared.refused is not None and log is not None:
+        log(f"slurm-bt weights: warning: shared tier {shared.refused}")
+    problem = team_tier_problem(team_tier.root, gid)
+    if problem is not None:
+        raise WeightsJobError(f"the team cache directory {team_tier.root} {problem}; refusing to use it (someone "
+                              f"else created it first). Fix: an admin removes it (rm -rf {team_tier.root}), then "
+                              "resubmit; the next staging job recreates it for your team")
+    public_node = _node_cache(site, environ)
+    team_node = _node_cache(site, environ, NodeAudience(team, gid))
+    public_node.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
 
     def authorize(m: Manifest) -> None:
         if not (team_tier.has(m) or shared.has(m)):
@@ -256,16 +286,19 @@ def stage_for_job(
         if not _source_matches(w.source, m):
             raise WeightsJobError(f"job.weights[{i}]: the staged manifest is for {m.source}, not {w.source}")
         t0 = time.monotonic()
+        public = _is_public(w, m, shared)
+        node = public_node if public else team_node
         hit = node.is_ready(m)
         node.stage(m, [shared, team_tier], job_id, authorize=authorize)
         link = link_job_weights(node, job_id, i, m)
         entry = {"index": i, "source": f"{m.source}@{m.revision[:12]}", "manifest_id": m.manifest_id,
                  "mount_location": w.mount_location, "tier": "node-hit" if hit else "cluster-hit",
+                 "audience": "public" if public else f"team {team}",
                  "bytes": m.total_bytes, "seconds": round(time.monotonic() - t0, 4), "path": str(link)}
         entries.append(entry)
         if log is not None:
             log(_line(entry))
-    job_dir = node.layout.jobs / job_id
+    job_dir = public_node.base.jobs / job_id
     job_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
     write_file_atomic(job_dir / NODE_RECORD, json.dumps({"job_id": job_id, "weights": entries}).encode(), mode=0o644)
     return entries

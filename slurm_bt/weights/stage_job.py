@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import grp
 import os
-import stat
 import sys
 import threading
 import time
@@ -41,14 +40,14 @@ from typing import IO, Any
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import BtError, SourceError, StorageError
-from slurm_bt.weights.cluster_cache import ClusterCache, blob_present
+from slurm_bt.weights.cluster_cache import ClusterCache, blob_present, team_tier_problem
 from slurm_bt.weights.job_status import format_bytes, write_staging_status
 from slurm_bt.weights.locks import LockOptions
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import SourcePin, cluster_tiers, job_manifest_path, lookup_pin, pin_key, select_listing
 from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 
-__all__ = ["StageOutcome", "ensure_team_root", "format_bytes", "main", "stage_plan", "stage_source"]
+__all__ = ["StageOutcome", "ensure_team_root", "format_bytes", "main", "stage_plan", "stage_source", "team_gid"]
 
 _DEF_LOCK_TIMEOUT_S = 6 * 3600.0
 
@@ -154,44 +153,72 @@ class _CountingSource:
         self._inner.close()
 
 
-def _make_dir(path: Path, mode: int) -> bool:
+def _make_dir(path: Path, mode: int, gid: int = -1) -> bool:
     try:
-        os.mkdir(path, mode)
+        os.mkdir(path, 0o700)
     except FileExistsError:
         return False
-    os.chmod(path, mode)
+    if gid >= 0:
+        os.chown(path, -1, gid)  # the creator is a member: allowed, and the team's group owns the tier
+    os.chmod(path, mode)  # after chown, which clears setgid
     return True
 
 
-def ensure_team_root(base: Path, team: ClusterCache) -> None:
-    """Make sure ``<base>/teams/<team>`` exists and is not someone else's (squatting, poisoning).
-
-    Admins should provision ``<base>/teams/<team>`` as ``root:<team group> 3770``
-    (docs/weights-cache.md). Where they have not (the dev cluster), the first stager creates it:
-    ``<base>`` and ``<base>/teams`` as sticky world-writable directories (1777, like ``/tmp``), the
-    team directory as ``2770`` with the user's group. An existing team directory is accepted only if
-    root, the user, or the user's group owns it and others cannot write it.
+def team_gid(team: str) -> int:
+    """The gid of the caller's group whose slug is ``team`` (the group :func:`plan.team_for_user` chose).
 
     Raises:
-        StorageError: the team directory cannot be created or is not trustworthy.
+        StorageError: the caller is in no such group (the team tier would not be theirs).
+    """
+    from slurm_bt.weights.plan import team_slug
+
+    for gid in (os.getgid(), *os.getgroups()):
+        if team_slug(_group_name(gid)) == team:
+            return gid
+    raise StorageError(team, f"you are not a member of a Unix group for team {team!r}; the team cache "
+                       "belongs to that group")
+
+
+def ensure_team_root(base: Path, team: ClusterCache, gid: int | None = None) -> None:
+    """Make sure ``<base>/teams/<team>`` exists and is exactly the team's (squatting, poisoning).
+
+    Admins should provision ``<base>`` as ``root:root 0755`` and ``<base>/teams/<team>`` as
+    ``root:<team group> 3770`` (docs/weights-cache.md). Where they have not (the dev cluster), the
+    first stager creates ``<base>`` and ``<base>/teams`` as sticky world-writable directories (1777,
+    like ``/tmp``) and the team directory as ``2770`` with the team's group. An existing team
+    directory is used only if it is what slurm-bt or an admin would have made for *this* team
+    (:func:`~slurm_bt.weights.cluster_cache.team_tier_problem`): group = the team's group, owner root or
+    a member, closed to others. Anything else, e.g. a directory another user created first in the
+    world-writable ``teams/``, is refused with the directory and the fix: its creator could plant
+    entries the team's jobs would be authorized to load.
+
+    Raises:
+        StorageError: the team directory cannot be created or is not the team's.
     """
     root = team.root
+    gid = team_gid(root.name) if gid is None else gid
     try:
         if not base.is_dir():
             base.parent.mkdir(parents=True, exist_ok=True)
             _make_dir(base, 0o1777)
         _make_dir(base / "teams", 0o1777)
-        _make_dir(root, 0o2770)
-        st = os.lstat(root)
+        _make_dir(root, 0o2770, gid)
     except OSError as exc:
         raise StorageError(str(root), f"cannot create the team cache directory: {exc.strerror} (ask an admin "
                            "to provision it as root:<team group> 3770)") from exc
-    groups = {os.getgid(), *os.getgroups()}
-    if (not stat.S_ISDIR(st.st_mode) or stat.S_IMODE(st.st_mode) & 0o002
-            or not (st.st_uid in (0, os.getuid()) or st.st_gid in groups)):
-        owner = f"uid {st.st_uid}, group {_group_name(st.st_gid)}, mode {stat.S_IMODE(st.st_mode):04o}"
-        raise StorageError(str(root), f"team cache directory is not trustworthy ({owner}); refusing to use it "
-                           "(an admin must remove it or provision it as root:<team group> 3770)")
+    problem = team_tier_problem(root, gid)
+    if problem is not None:
+        raise StorageError(str(root), f"team cache directory {problem}; refusing to use it (someone else "
+                           f"created it first). Fix: an admin removes it (rm -rf {root}) or provisions it as "
+                           f"root:{_group_name(gid)} 3770, then resubmit")
+    for d in (base, base / "teams"):
+        with contextlib.suppress(OSError):
+            st = os.lstat(d)
+            if st.st_uid not in (0, os.getuid()):
+                # Its owner can rename team directories away (denial of service, not poisoning:
+                # a replacement fails the check above); say so, the job itself can go on.
+                print(f"slurm-bt staging: warning: {d} is owned by uid {st.st_uid}, not root; ask an admin to "
+                      f"chown root:root {d}", file=sys.stderr, flush=True)
 
 
 def _group_name(gid: int) -> str:
@@ -226,6 +253,10 @@ def stage_source(
 
     opts: DownloadOptions = options or DownloadOptions(max_files=16)  # many small files: overlap fsyncs
     t0 = time.monotonic()
+    if team.refused is not None:
+        raise StorageError(str(team.root), team.refused)
+    if shared.refused is not None:
+        print(f"slurm-bt staging: warning: shared tier {shared.refused}", file=out, flush=True)
     team.layout.ensure(dir_mode=team.dir_mode)
     lock_opts = LockOptions(timeout_s=lock_timeout_s, log_every_s=30.0)
     backend = open_source(parse_source_uri(pin.pinned_uri), credentials=credentials, endpoints=endpoints,
@@ -246,19 +277,32 @@ def stage_source(
             by_path = {f.path: f for f in listing.files}
             remote = [by_path[f.path] for f in files]
             total = sum(f.size for f in remote)
-            with _Progress(pin.pinned_uri, total, out, progress_interval_s) as progress:
+            # Temp files go to a writer dir that names this process and keeps a heartbeat, not
+            # beside the blobs: a kill -9 leaves debris the next stager can prove dead and remove.
+            with _Progress(pin.pinned_uri, total, out, progress_interval_s) as progress, \
+                    team.writer_dir() as wdir:
                 counting = _CountingSource(backend, progress)
-                blobs = team.layout.blobs
+
+                def fetch_into_tier(rf: Any) -> str:
+                    got = fetch_file(counting, rf, wdir, options=opts, pool=parts)
+                    mf = ManifestFile(path=rf.path, size=rf.size, sha256=got.sha256, etag=rf.etag)
+                    if got.path is not None and got.path.parent == wdir:
+                        try:
+                            team.publish_fetched(got.path, mf)
+                        except FileNotFoundError:  # two files with one content: the other published it
+                            if not blob_present(team.layout, mf):
+                                raise
+                    return got.sha256
 
                 def one(rf: Any) -> ManifestFile:
                     if rf.sha256 is None:  # no published hash: the bytes we publish name the blob
-                        got = fetch_file(counting, rf, blobs, options=opts, pool=parts)
-                        return ManifestFile(path=rf.path, size=rf.size, sha256=got.sha256, etag=rf.etag)
+                        sha = fetch_into_tier(rf)
+                        return ManifestFile(path=rf.path, size=rf.size, sha256=sha, etag=rf.etag)
                     mf = ManifestFile(path=rf.path, size=rf.size, sha256=rf.sha256, etag=rf.etag)
                     if not blob_present(team.layout, mf):
                         with team.lock(f"blob-{rf.sha256}", lock_opts):
                             if not blob_present(team.layout, mf):
-                                fetch_file(counting, rf, blobs, options=opts, pool=parts)
+                                fetch_into_tier(rf)
                     return mf
 
                 with ThreadPoolExecutor(opts.max_workers, thread_name_prefix="bt-part") as parts, \
@@ -297,6 +341,7 @@ def stage_plan(
         credentials_for = _store_credentials(job_dir)
     team, shared = cluster_tiers(plan.cluster_cache, plan.team)
     ensure_team_root(Path(plan.cluster_cache), team)
+    _collect_dead_writers(team, out)
     outcomes = []
     for pin in plan.sources:
         try:
@@ -313,6 +358,18 @@ def stage_plan(
         print(outcome.line(), file=out, flush=True)
         outcomes.append(outcome)
     return outcomes
+
+
+def _collect_dead_writers(team: ClusterCache, out: IO[str]) -> None:
+    """Remove temp files of stagers that provably died (e.g. ``kill -9``); housekeeping, never fatal."""
+    try:
+        removed = team.gc_temp()
+    except OSError as exc:
+        print(f"slurm-bt staging: warning: could not collect dead writers' temp files in {team.root}: {exc}",
+              file=out, flush=True)
+        return
+    for p in removed:
+        print(f"slurm-bt staging: removed {p} (its writer is dead)", file=out, flush=True)
 
 
 def _store_credentials(job_dir: Path) -> Callable[[SourcePin], SourceCredentials | None]:

@@ -9,6 +9,7 @@ cache parent (node fault); jobs without weights never reaching the weights code.
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
@@ -51,7 +52,10 @@ def _cluster_entry(site: Site, team: str, name: str) -> tuple[Manifest, dict[str
     write_origin(origin, files)
     m = make_manifest(files, source=f"hf://org/{name}")
     (site.base / "shared" / "weights" / "teams").mkdir(parents=True, exist_ok=True)
-    ClusterCache.for_team(site.base / "shared" / "weights", team).ensure(m, DirFetcher(origin), authorize=allow)
+    tier = ClusterCache.for_team(site.base / "shared" / "weights", team)
+    tier.ensure(m, DirFetcher(origin), authorize=allow)
+    os.chown(tier.root, 0, grp.getgrnam(team).gr_gid)  # as an admin provisions it: the prolog checks the group
+    os.chmod(tier.root, 0o3770)
     return m, files
 
 
