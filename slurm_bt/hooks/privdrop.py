@@ -14,6 +14,12 @@ it back. The child drops for good, in the order CERT POS36-C requires, then veri
 5. stdin/stdout/stderr on ``/dev/null`` and no other inherited descriptor: a child holding slurmd's
    output pipe would keep the prolog "running" until it exits (slurm-facts.md §1.4), and leaked
    root fds are runc CVE-2024-21626.
+6. resource limits (:class:`ChildLimits`): address space (``RLIMIT_AS``), CPU seconds
+   (``RLIMIT_CPU``, soft and hard, so ``SIGXCPU`` then ``SIGKILL``) and open files, set after the
+   drop so the user cannot raise them again. A privilege-dropped child always gets them
+   (:data:`DEFAULT_LIMITS` unless the caller passes its own): it reads files the job controls, and
+   a job that swapped one for ``/dev/zero`` once made a root-started sweep read 16.7 GB. The wall
+   clock is the caller's ``timeout_s``: on expiry the child's whole process group is SIGKILLed.
 
 The result travels back over a pipe as JSON (bounded size). The parent treats it as untrusted data:
 the child runs as the user and its output is whatever the user's files made it.
@@ -32,12 +38,15 @@ import select
 import signal
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from slurm_bt.hooks.env import SlurmHookEnv
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "ChildError",
+    "ChildLimits",
     "ChildTimeout",
     "PrivilegeDropError",
     "run_as_job_user",
@@ -49,6 +58,27 @@ _PR_SET_NO_NEW_PRIVS = 38
 _PR_GET_NO_NEW_PRIVS = 39
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _DEFAULT_MAX_RESULT = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ChildLimits:
+    """Resource limits of a forked child (module docstring, step 6).
+
+    Attributes:
+        memory_bytes: ``RLIMIT_AS`` (virtual address space); allocations beyond it fail
+            (``MemoryError`` in Python), so a runaway read ends the child, not the node.
+        cpu_s: ``RLIMIT_CPU`` in seconds of CPU time (all threads); ``None``: twice the wall-clock
+            bound (plus 10 s), so a busy loop ends even between two wall-clock checks.
+        max_files: ``RLIMIT_NOFILE``.
+    """
+
+    memory_bytes: int = 4 * 1024**3
+    cpu_s: int | None = None
+    max_files: int = 4096
+
+
+DEFAULT_LIMITS = ChildLimits()
+"""What every privilege-dropped child runs under unless its caller chooses other limits."""
 
 
 class ChildError(RuntimeError):
@@ -137,6 +167,21 @@ def _sanitize_process(env: SlurmHookEnv | None, extra_env: Mapping[str, str] | N
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+def _lower_limit(which: int, value: int, grace: int = 0) -> None:
+    """Set soft ``which`` to ``value`` and hard to ``value + grace``, never raising a lower limit."""
+    _soft, hard = resource.getrlimit(which)
+    top = value + grace if hard == resource.RLIM_INFINITY else min(value + grace, hard)
+    resource.setrlimit(which, (min(value, top), top))
+
+
+def _apply_limits(limits: ChildLimits, timeout_s: float) -> None:
+    """Apply ``limits`` to this process (after the drop: an unprivileged process cannot raise them)."""
+    _lower_limit(resource.RLIMIT_AS, limits.memory_bytes)
+    cpu = limits.cpu_s if limits.cpu_s is not None else int(2 * timeout_s) + 10
+    _lower_limit(resource.RLIMIT_CPU, cpu, grace=5)  # SIGXCPU at the soft limit, SIGKILL 5 s later
+    _lower_limit(resource.RLIMIT_NOFILE, limits.max_files)
+
+
 def _redirect_stdio_and_close(keep: int) -> None:
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
@@ -151,7 +196,8 @@ def _redirect_stdio_and_close(keep: int) -> None:
 
 
 def _child_main(fn: Callable[[], Any], env: SlurmHookEnv | None, w: int,
-                extra_env: Mapping[str, str] | None = None) -> None:
+                extra_env: Mapping[str, str] | None = None, limits: ChildLimits | None = None,
+                timeout_s: float = 0.0) -> None:
     """Never returns: writes one JSON document to ``w`` and ``_exit``s."""
     out: dict[str, Any]
     try:
@@ -163,6 +209,8 @@ def _child_main(fn: Callable[[], Any], env: SlurmHookEnv | None, w: int,
             _sanitize_process(env, extra_env)
             if env is not None:
                 _no_new_privs()
+            if limits is not None:
+                _apply_limits(limits, timeout_s)
         except OSError as exc:
             out = {"ok": False, "kind": "drop", "type": type(exc).__name__, "errno": exc.errno,
                    "message": f"privilege drop failed: {exc.strerror or exc}"}
@@ -213,6 +261,21 @@ def _kill_and_reap(pid: int) -> None:
         os.waitpid(pid, 0)
 
 
+def _death(status: int | None) -> str:
+    """How a child without a result ended (``killed by SIGXCPU`` names the CPU limit)."""
+    if status is None:
+        return "exited without a result"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        hint = " (CPU time limit)" if sig == signal.SIGXCPU else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with status {os.waitstatus_to_exitcode(status)} without a result"
+
+
 def run_in_child(
     fn: Callable[[], Any],
     *,
@@ -220,6 +283,7 @@ def run_in_child(
     drop_to: SlurmHookEnv | None = None,
     max_result_bytes: int = _DEFAULT_MAX_RESULT,
     extra_env: Mapping[str, str] | None = None,
+    limits: ChildLimits | None = None,
 ) -> Any:
     """Run ``fn()`` in a forked child and return its JSON-decoded result.
 
@@ -230,6 +294,8 @@ def run_in_child(
             (used to bound the time of root work such as the checkpoint flush).
         max_result_bytes: the largest result accepted from the child.
         extra_env: variables for the child's otherwise clean environment (e.g. the site file path).
+        limits: resource limits of the child; ``None`` means :data:`DEFAULT_LIMITS` when
+            ``drop_to`` is given, none otherwise (root work bounded by ``timeout_s`` alone).
 
     Raises:
         ChildTimeout: the bound expired.
@@ -237,12 +303,14 @@ def run_in_child(
         ChildError: ``fn`` raised (``kind == "exception"``, with the child's exception type and
             errno), the child died, or its result was too large or not JSON.
     """
+    if limits is None and drop_to is not None:
+        limits = DEFAULT_LIMITS
     r, w = os.pipe()
     deadline = time.monotonic() + timeout_s
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
         os.close(r)
-        _child_main(fn, drop_to, w, extra_env)
+        _child_main(fn, drop_to, w, extra_env, limits, timeout_s)
     os.close(w)
     try:
         try:
@@ -255,21 +323,26 @@ def run_in_child(
             raise ChildTimeout("timeout", f"child did not finish within {timeout_s:.0f} s and was killed")
     finally:
         os.close(r)
+    status: int | None = None
     while True:
-        try:
-            done, _status = os.waitpid(pid, os.WNOHANG)
+        try:  # WNOWAIT: the exited child stays a zombie, so its pid (= its group id) cannot be reused yet
+            exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             break
-        if done:
-            break
-        if time.monotonic() > deadline:
-            _kill_and_reap(pid)
+        if exited is not None or time.monotonic() > deadline:
             break
         time.sleep(0.005)
+    # Whatever the child started in its process group (a user's helper process) ends with it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        status = os.waitpid(pid, 0)[1]
     try:
         out = json.loads(data.decode())
     except (UnicodeDecodeError, ValueError):
-        raise ChildError("crashed", "child exited without a result") from None
+        raise ChildError("crashed", f"child {_death(status)}") from None
     if not isinstance(out, dict):
         raise ChildError("result", "child result is not a JSON object")
     if out.get("ok") is True:
@@ -282,7 +355,7 @@ def run_in_child(
 
 
 def run_as_job_user(fn: Callable[[], Any], env: SlurmHookEnv, *, timeout_s: float = 15.0,
-                    max_result_bytes: int = _DEFAULT_MAX_RESULT) -> Any:
+                    max_result_bytes: int = _DEFAULT_MAX_RESULT, limits: ChildLimits | None = None) -> Any:
     """Run ``fn()`` as the job's user (groups, gid, uid dropped and verified) within ``timeout_s``.
 
     The caller must treat the result as untrusted user data: re-validate it.
@@ -292,12 +365,12 @@ def run_as_job_user(fn: Callable[[], Any], env: SlurmHookEnv, *, timeout_s: floa
         pwd.getpwuid(env.uid)
     except KeyError:
         raise PrivilegeDropError("drop", f"uid {env.uid} has no passwd entry") from None
-    return run_in_child(fn, timeout_s=timeout_s, drop_to=env, max_result_bytes=max_result_bytes)
+    return run_in_child(fn, timeout_s=timeout_s, drop_to=env, max_result_bytes=max_result_bytes, limits=limits)
 
 
 def run_as_uid(fn: Callable[[], Any], *, uid: int, gid: int, timeout_s: float,
                extra_env: Mapping[str, str] | None = None,
-               max_result_bytes: int = _DEFAULT_MAX_RESULT) -> Any:
+               max_result_bytes: int = _DEFAULT_MAX_RESULT, limits: ChildLimits | None = None) -> Any:
     """Run ``fn()`` as ``uid``/``gid`` (with the user's groups) when root, else as ourselves.
 
     For root work outside a hook invocation (the checkpoint flush and hand-off resume), where the
@@ -311,4 +384,4 @@ def run_as_uid(fn: Callable[[], Any], *, uid: int, gid: int, timeout_s: float,
         except KeyError:
             raise PrivilegeDropError("drop", f"uid {uid} has no passwd entry") from None
     return run_in_child(fn, timeout_s=timeout_s, drop_to=drop_to, max_result_bytes=max_result_bytes,
-                        extra_env=extra_env)
+                        extra_env=extra_env, limits=limits if limits is not None else DEFAULT_LIMITS)
