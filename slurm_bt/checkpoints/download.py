@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from slurm_bt.atomic import write_file_atomic
+from slurm_bt.checkpoints.index import decode_relpath
 from slurm_bt.checkpoints.layout import file_key, valid_checkpoint_name
 from slurm_bt.checkpoints.resolve import open_user_store, safe_relpath
 from slurm_bt.errors import StorageError
@@ -69,10 +71,14 @@ def download_pinned(spec: JobSpec, dest_root: Path) -> int:
                 except OSError:
                     pass
                 for path, size, sha in files:
-                    if not safe_relpath(str(path)):
+                    try:  # index paths are percent-encoded where the name was not plain UTF-8
+                        local = os.fsdecode(decode_relpath(str(path))) if safe_relpath(str(path)) else None
+                    except ValueError:
+                        local = None
+                    if local is None:
                         raise StorageError(str(path), "unsafe path in the pinned manifest")
                     key = file_key(str(res["project_id"]), str(res["job_id"]), int(rank_s), name, str(path))
-                    store.download_file(key, target / str(path), size=int(size), sha256=str(sha))
+                    store.download_file(key, target / local, size=int(size), sha256=str(sha))
                     count += 1
                 target.mkdir(parents=True, exist_ok=True)
                 write_file_atomic(marker, manifest.encode() + b"\n", mode=0o600)

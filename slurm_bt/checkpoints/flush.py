@@ -18,6 +18,7 @@ never a checkpoint) naming the job spec and the node rank; it travels with a han
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pwd
@@ -26,10 +27,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.checkpoints.layout import handoff_root, host_checkpoint_dir, is_shared_fs
+from slurm_bt.checkpoints.safeopen import read_user_file
 from slurm_bt.checkpoints.scan import CompletionTracker
 from slurm_bt.checkpoints.store import credentials_for, open_store, team_gid
 from slurm_bt.checkpoints.upload import DeadlineExceeded, JobIdentity, RankUploader
@@ -37,7 +39,12 @@ from slurm_bt.errors import BtError, StorageError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.site_settings import SiteSettings, expand_path, load_site_settings
 
-__all__ = ["STATE_NAME", "FlushResult", "build_uploader", "flush_job_checkpoints", "read_state", "write_state"]
+if TYPE_CHECKING:
+    from slurm_bt.hooks.config import HandoffPolicy
+    from slurm_bt.hooks.privdrop import ChildLimits
+
+__all__ = ["SPEC_MAX_BYTES", "STATE_NAME", "FlushResult", "build_uploader", "child_limits", "flush_job_checkpoints",
+           "prolog_team", "read_spec", "read_state", "write_state"]
 
 STATE_NAME = ".slurm-bt-uploader.json"
 
@@ -69,13 +76,29 @@ def write_state(checkpoint_dir: Path, *, spec_path: str, job_id: str, rank: int,
     write_file_atomic(checkpoint_dir / STATE_NAME, json.dumps(data).encode(), mode=0o600)
 
 
+STATE_MAX_BYTES = 65536
+SPEC_MAX_BYTES = 64 * 1024 * 1024
+"""The largest ``job.json`` read after the job (the hooks' ``job_json_max_bytes`` cannot exceed it)."""
+
+
 def read_state(checkpoint_dir: Path) -> dict[str, Any] | None:
-    """The uploader state file, or None."""
+    """The uploader state file, or None (also when the job replaced it with a FIFO, device or symlink)."""
     try:
-        data = json.loads((checkpoint_dir / STATE_NAME).read_bytes()[:65536])
+        data = json.loads(read_user_file(checkpoint_dir / STATE_NAME, STATE_MAX_BYTES))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_spec(path: str | Path) -> JobSpec:
+    """A job's ``job.json``, read as a file the job controls (:mod:`.safeopen`: no FIFO, device,
+    user symlink or oversized file is ever read).
+
+    Raises:
+        OSError: it cannot be read or is refused (:class:`~slurm_bt.checkpoints.safeopen.UnsafeFile`).
+        ValueError: it is not a valid job spec.
+    """
+    return JobSpec.model_validate_json(read_user_file(path, SPEC_MAX_BYTES))
 
 
 def build_uploader(spec: JobSpec, *, job_id: str, rank: int, checkpoint_dir: Path, account: str | None = None,
@@ -124,8 +147,13 @@ def _locate(env: Mapping[str, str], job_id: str, node: str | None,
     if not spec_path:
         return None
     try:
-        spec = JobSpec.model_validate_json(Path(str(spec_path)).read_bytes())
-    except (OSError, ValueError):
+        spec = read_spec(str(spec_path))
+    except (OSError, ValueError) as exc:
+        if _has_entries(fixed):
+            # Checkpoints are there but the job made its spec unreadable (a FIFO, /dev/zero...):
+            # fail, so they are handed off, where age and size bounds apply, instead of being
+            # kept in scratch with nothing to remove them.
+            raise StorageError(str(spec_path), f"job spec unreadable, checkpoints not uploaded: {exc}") from exc
         return None
     if not spec.checkpointing.enabled:
         return None
@@ -143,15 +171,59 @@ def _locate(env: Mapping[str, str], job_id: str, node: str | None,
     return spec, rank, ckpt_dir
 
 
+def _has_entries(path: Path) -> bool:
+    try:
+        with os.scandir(path) as it:
+            return any(not e.name.startswith(".") for e in it)
+    except OSError:
+        return False
+
+
+def prolog_team(node: str | None, job_id: str) -> str | None:
+    """The team group the root prolog resolved for the job (root-written notes), if it ran.
+
+    The flush and a hand-off open the store with the same team as the job's uploader did, so a
+    project directory created (or repaired by an admin) for that team is the one they accept.
+    """
+    if not node:
+        return None
+    try:
+        from slurm_bt.hooks.status import read_hook_state
+
+        record = read_hook_state(node, job_id).record or {}
+    except (ImportError, OSError, ValueError):
+        return None
+    team = record.get("team")
+    return team if isinstance(team, str) and team else None
+
+
+def child_limits() -> ChildLimits:
+    """Memory and CPU limits of an upload child, from hooks.toml ``[handoff]`` (defaults if unreadable)."""
+    from slurm_bt.hooks.privdrop import ChildLimits
+
+    policy = handoff_policy()
+    return ChildLimits(memory_bytes=policy.child_memory_mib * 1024 * 1024, cpu_s=policy.child_cpu_s)
+
+
+def handoff_policy() -> HandoffPolicy:
+    """hooks.toml ``[handoff]`` (root-owned file only), or the defaults when it is absent or invalid."""
+    from slurm_bt.hooks.config import HandoffPolicy, HookConfigError, load_hook_settings
+
+    try:
+        return load_hook_settings().handoff
+    except (HookConfigError, OSError):
+        return HandoffPolicy()
+
+
 def _upload_all(env: dict[str, str], job_id: str, node: str | None, budget_s: float,
-                site: SiteSettings) -> dict[str, Any]:
+                site: SiteSettings, team: str | None = None) -> dict[str, Any]:
     located = _locate(env, job_id, node, site)
     if located is None:
         return {"status": "nothing", "uploaded": [], "checkpoint_dir": None}
     spec, rank, ckpt_dir = located
     if not ckpt_dir.is_dir():
         return {"status": "nothing", "uploaded": [], "checkpoint_dir": str(ckpt_dir)}
-    uploader = build_uploader(spec, job_id=job_id, rank=rank, checkpoint_dir=ckpt_dir)
+    uploader = build_uploader(spec, job_id=job_id, rank=rank, checkpoint_dir=ckpt_dir, account=team)
     try:
         done = uploader.run_once(final=True, deadline=time.monotonic() + budget_s)
     finally:
@@ -190,15 +262,16 @@ def flush_job_checkpoints(env: Mapping[str, str], deadline_s: float, *,
             child_env = {"PATH": "/usr/bin:/bin", **{k: v for k, v in env.items() if k.startswith("SLURM")}}
             if os.environ.get("SLURM_BT_SITE_CONFIG"):
                 child_env["SLURM_BT_SITE_CONFIG"] = os.environ["SLURM_BT_SITE_CONFIG"]
+            team = prolog_team(node, job_id)
             try:
-                res = run_as_uid(lambda: _upload_all(child_env, job_id, node, budget, site), uid=uid, gid=gid,
-                                 timeout_s=budget, extra_env=child_env)
+                res = run_as_uid(lambda: _upload_all(child_env, job_id, node, budget, site, team), uid=uid, gid=gid,
+                                 timeout_s=budget, extra_env=child_env, limits=child_limits())
             except ChildTimeout:
-                return _handoff(env, job_id, node, uid, gid, started, "time budget ran out", site)
+                return _handoff(env, job_id, node, uid, gid, started, "time budget ran out", site, team)
             except ChildError as exc:
                 if exc.exc_type == DeadlineExceeded.__name__:
-                    return _handoff(env, job_id, node, uid, gid, started, "time budget ran out", site)
-                return _handoff(env, job_id, node, uid, gid, started, f"upload failed: {exc}", site)
+                    return _handoff(env, job_id, node, uid, gid, started, "time budget ran out", site, team)
+                return _handoff(env, job_id, node, uid, gid, started, f"upload failed: {exc}", site, team)
         else:
             try:
                 res = _upload_all(env, job_id, node, budget, site)
@@ -246,7 +319,7 @@ def ensure_handoff_root(path: Path) -> int:
 
 
 def _handoff(env: Mapping[str, str], job_id: str, node: str | None, uid: int, gid: int, started: float,
-             why: str, site: SiteSettings) -> FlushResult:
+             why: str, site: SiteSettings, team: str | None = None) -> FlushResult:
     """Root only: move the job's scratch checkpoints into the hand-off area and record them."""
     hroot = Path(handoff_root(site.storage.model_dump(), node))
     entry_name = f"{job_id}.{(node or 'node').replace('/', '_')}"
@@ -257,11 +330,17 @@ def _handoff(env: Mapping[str, str], job_id: str, node: str | None, uid: int, gi
                            elapsed_s=time.monotonic() - started)
     try:
         try:
-            os.mkdir(entry_name, 0o711, dir_fd=hfd)
+            os.mkdir(entry_name, 0o700, dir_fd=hfd)
         except FileExistsError:
             pass
         efd = os.open(entry_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=hfd)
         try:
+            est = os.fstat(efd)
+            if est.st_uid != 0:
+                raise OSError(errno.EPERM, f"{hroot}/{entry_name} is owned by uid {est.st_uid}")
+            # 0711 set explicitly: mkdir's mode passes through the epilog's umask (077), and a 0700
+            # entry made every resume fail with "Permission denied" in the child that runs as the user.
+            os.fchmod(efd, 0o711)
             src = _scratch_checkpoints(env, job_id, node, site)
             moved = os.path.lexists(f"{hroot}/{entry_name}/data")  # an earlier epilog run moved it
             try:
@@ -275,7 +354,7 @@ def _handoff(env: Mapping[str, str], job_id: str, node: str | None, uid: int, gi
             except FileNotFoundError:
                 pass  # checkpoints outside scratch (checkpoint_path) are not deleted with it
             record = {"job_id": job_id, "node": node, "uid": uid, "gid": gid, "user": env.get("SLURM_JOB_USER"),
-                      "moved": moved, "source": None if moved else str(src), "reason": why,
+                      "moved": moved, "source": None if moved else str(src), "reason": why, "team": team,
                       "created": time.time(), "work_dir": env.get("SLURM_JOB_WORK_DIR")}
             data = json.dumps(record).encode()
             tmp = f".handoff.json.tmp-{os.getpid()}"

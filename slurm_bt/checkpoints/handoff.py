@@ -1,11 +1,24 @@
 """Finish handed-off checkpoints: ``slurm-bt checkpoints resume-handoffs`` (root, or a sweeper).
 
 Each entry of the hand-off area (``<node storage>/checkpoint-handoff/<job>.<node>/``, root-owned
-``0711``) holds ``handoff.json`` (root-written: job, node, uid, gid) and ``data/`` (the job's
+``0711``) holds ``handoff.json`` (root-written: job, node, uid, gid, team) and ``data/`` (the job's
 checkpoint directory, still owned by the user). The upload runs in a child dropped to that uid,
-with the user's own store credentials, exactly like the epilog's flush; afterwards the entry is
-deleted (``shutil.rmtree`` is fd-based on Linux, so a symlink planted in ``data/`` is never
-followed). An entry whose upload fails stays for the next run; running twice is harmless.
+with the user's own store credentials and the team the prolog resolved, exactly like the epilog's
+flush; afterwards the entry is deleted (:func:`~slurm_bt.hooks.safefs.remove_tree_at`: never
+follows a symlink planted in ``data/``). Running twice is harmless.
+
+Bounded, because the job still controls ``data/`` and the files its state names (docs/checkpoints.md
+§Hand-off):
+
+* every file the child reads is opened as :mod:`.safeopen` says (no FIFO, device, user symlink or
+  oversized file), and the child runs under ``[handoff]`` limits of hooks.toml: address space,
+  CPU time and a wall clock in minutes (``child_timeout_s``; its process group is killed);
+* an entry that failed the same way ``max_failures`` times in a row is **quarantined**
+  (``status.json`` in the entry, root-written): kept, listed by ``slurm-bt admin doctor``, never
+  retried automatically; ``--retry-quarantined`` retries it once its cause is fixed;
+* after each pass, entries older than ``max_age_s`` and, per user, the oldest entries beyond
+  ``max_bytes_per_user`` of disk are removed, quarantined ones included, each with a log line:
+  a hand-off that cannot complete never keeps a user's data on the node for ever.
 
 When it runs: the epilog that hands something off starts one detached sweep of its node's area
 right away (:func:`start_background_sweep`: its own session, ``nice`` 10, output to the hook log),
@@ -20,21 +33,33 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from slurm_bt.checkpoints.flush import build_uploader, read_state
+from slurm_bt.checkpoints.flush import build_uploader, handoff_policy, read_spec, read_state
 from slurm_bt.checkpoints.layout import handoff_root
 from slurm_bt.errors import StorageError
-from slurm_bt.job_spec import JobSpec
 from slurm_bt.site_settings import load_site_settings
 
-__all__ = ["HandoffOutcome", "main", "resume_handoffs", "start_background_sweep"]
+if TYPE_CHECKING:
+    from slurm_bt.hooks.config import HandoffPolicy
+
+__all__ = ["STATUS_NAME", "HandoffOutcome", "QuarantinedEntry", "main", "quarantined_handoffs", "resume_handoffs",
+           "start_background_sweep"]
+
+STATUS_NAME = "status.json"
+"""Root-written beside ``handoff.json``: consecutive failures, their signature, quarantine."""
+
+_RECORD_MAX_BYTES = 65536
+_EMPTY_ENTRY_AGE_S = 3600.0
+_REMOVE_BUDGET_S = 120.0
+_MEASURE_BUDGET_S = 30.0
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -42,8 +67,55 @@ class HandoffOutcome:
     """The result for one hand-off entry."""
 
     entry: str
-    status: str  # "uploaded", "failed", "skipped", "busy" (another sweep holds it), "removed" (empty)
+    status: str
+    """``uploaded``; ``failed`` (retried next sweep); ``quarantined`` (failed ``max_failures`` times the
+    same way, or skipped because it is); ``skipped``; ``busy`` (another sweep holds it); ``removed``
+    (nothing left to upload); ``expired`` / ``over-budget`` (removed by the age / per-user size bound)."""
     message: str
+
+
+@dataclass(frozen=True)
+class QuarantinedEntry:
+    """A quarantined hand-off entry, as ``slurm-bt admin doctor`` lists it."""
+
+    entry: str
+    user: str
+    failures: int
+    error: str
+    since: float
+
+    def line(self) -> str:
+        """One line for the doctor's report."""
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(self.since))
+        return f"{self.entry} (user {self.user}, {self.failures} failures, since {when} UTC): {self.error[:200]}"
+
+
+def _read_root_json(dir_fd: int, name: str) -> dict[str, Any] | None:
+    """A small JSON object root wrote into a root-owned entry (None if absent, foreign or not JSON)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _RECORD_MAX_BYTES or (os.geteuid() == 0 and st.st_uid != 0):
+            return None
+        data = json.loads(os.read(fd, _RECORD_MAX_BYTES))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else None
+
+
+def _write_status(dir_fd: int, status: dict[str, Any]) -> None:
+    from slurm_bt.hooks.safefs import write_file_at
+
+    try:
+        write_file_at(dir_fd, STATUS_NAME, json.dumps(status).encode(), uid=os.geteuid(), gid=os.getegid(),
+                      mode=0o600)
+    except OSError:
+        pass  # counting is best effort; the age and size bounds still apply
 
 
 def _resume_one(data_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -53,7 +125,7 @@ def _resume_one(data_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
         from slurm_bt.checkpoints.layout import host_checkpoint_dir
 
         try:
-            spec = JobSpec.model_validate_json(Path(str(record.get("work_dir")), "job.json").read_bytes())
+            spec = read_spec(Path(str(record.get("work_dir")), "job.json"))
         except FileNotFoundError:
             return {"uploaded": [], "gone": True}  # neither the checkpoints nor the job's spec exist any more
         host = host_checkpoint_dir(spec, str(record["job_id"]), record.get("node"))
@@ -62,11 +134,13 @@ def _resume_one(data_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
         data_dir = Path(host)
     state = read_state(data_dir)
     if state is None:
-        raise StorageError(str(data_dir), "no uploader state file: cannot tell which job and rank this is")
+        raise StorageError(str(data_dir), "no readable uploader state file: cannot tell which job and rank this is")
     if str(state.get("job_id")) != str(record.get("job_id")):
         raise StorageError(str(data_dir), "state file names another job")
-    spec = JobSpec.model_validate_json(Path(str(state["spec_path"])).read_bytes())
-    uploader = build_uploader(spec, job_id=str(record["job_id"]), rank=int(state["rank"]), checkpoint_dir=data_dir)
+    spec = read_spec(str(state["spec_path"]))
+    team = record.get("team") if isinstance(record.get("team"), str) else None
+    uploader = build_uploader(spec, job_id=str(record["job_id"]), rank=int(state["rank"]), checkpoint_dir=data_dir,
+                              account=team)
     try:
         done = uploader.run_once(final=True)
     finally:
@@ -74,86 +148,247 @@ def _resume_one(data_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
     return {"uploaded": done}
 
 
-def resume_handoffs(*, root: Path | None = None, node: str | None = None, timeout_s: float = 6 * 3600,
-                    keep: bool = False) -> list[HandoffOutcome]:
-    """Upload and remove every hand-off entry under ``root`` (default: this node's hand-off area).
+def resume_handoffs(*, root: Path | None = None, node: str | None = None, timeout_s: float | None = None,
+                    keep: bool = False, retry_quarantined: bool = False,
+                    policy: HandoffPolicy | None = None) -> list[HandoffOutcome]:
+    """Upload and remove every hand-off entry under ``root`` (default: this node's hand-off area),
+    then apply the age and per-user size bounds.
 
     Args:
         root: the hand-off area; defaults to the site's, for ``node`` (``%n`` in storage roots).
         node: the Slurm node name, when the site's roots use ``%n``.
-        timeout_s: per-entry limit for the upload child.
+        timeout_s: per-entry wall-clock limit of the upload child (default: ``child_timeout_s``).
         keep: leave entries in place after a successful upload (debugging).
+        retry_quarantined: also retry quarantined entries (an admin, after fixing their cause).
+        policy: the ``[handoff]`` bounds (default: hooks.toml's).
     """
+    policy = policy or handoff_policy()
     if root is None:
         root = Path(handoff_root(load_site_settings().storage.model_dump(), node))
     outcomes: list[HandoffOutcome] = []
-    if not root.is_dir():
+    try:
+        root_fd = os.open(root, _DIR_FLAGS)
+    except OSError:
         return outcomes
-    for entry in sorted(root.iterdir()):
-        if entry.is_symlink() or not entry.is_dir():
-            continue
-        try:
-            lock_fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue  # removed by a concurrent sweep, or swapped for something else
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            outcomes.append(HandoffOutcome(entry.name, "busy", "another sweep is uploading it"))
-            continue
-        try:
-            if os.path.samestat(os.fstat(lock_fd), os.lstat(entry)):
-                outcomes.append(_resume_entry(entry, timeout_s, keep))
-        except OSError:
-            pass  # finished and removed by the sweep that held the lock before us
-        finally:
-            os.close(lock_fd)
+    try:
+        if os.geteuid() == 0 and os.fstat(root_fd).st_uid != 0:
+            return [HandoffOutcome(".", "skipped", f"{root} is not root-owned: not touched")]
+        for name in sorted(os.listdir(root_fd)):
+            with _locked(root_fd, name) as lock_fd:
+                if lock_fd is None:
+                    continue
+                if lock_fd < 0:
+                    outcomes.append(HandoffOutcome(name, "busy", "another sweep is uploading it"))
+                    continue
+                outcomes.append(_resume_entry(root, root_fd, name, lock_fd, timeout_s or policy.child_timeout_s,
+                                              keep, retry_quarantined, policy))
+        outcomes += _enforce_bounds(root_fd, policy, keep)
+    finally:
+        os.close(root_fd)
     return outcomes
 
 
-_EMPTY_ENTRY_AGE_S = 3600.0
+class _locked:
+    """``with _locked(root_fd, name) as fd``: the entry's directory fd under an exclusive ``flock``.
+
+    ``fd`` is None when the entry is gone or not a real directory, -1 when another sweep holds it.
+    """
+
+    def __init__(self, root_fd: int, name: str) -> None:
+        self.root_fd, self.name, self.fd = root_fd, name, -2
+
+    def __enter__(self) -> int | None:
+        try:
+            self.fd = os.open(self.name, _DIR_FLAGS, dir_fd=self.root_fd)
+        except OSError:
+            return None  # removed by a concurrent sweep, or a symlink / file: never ours
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return -1
+        try:
+            if not os.path.samestat(os.fstat(self.fd), os.stat(self.name, dir_fd=self.root_fd, follow_symlinks=False)):
+                return None
+        except OSError:
+            return None  # finished and removed by the sweep that held the lock before us
+        return self.fd
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
 
 
-def _resume_entry(entry: Path, timeout_s: float, keep: bool) -> HandoffOutcome:
-    """Upload one locked entry as its owner, then remove it."""
-    from slurm_bt.hooks.privdrop import ChildError, run_as_uid
+def _remove_entry(root_fd: int, name: str) -> str:
+    """Remove one entry (fd-relative, never following a symlink); '' or what was left."""
+    from slurm_bt.hooks.safefs import remove_tree_at
 
-    try:
-        record = json.loads((entry / "handoff.json").read_bytes()[:65536])
-    except (OSError, ValueError):
+    report = remove_tree_at(root_fd, name, deadline=time.monotonic() + _REMOVE_BUDGET_S)
+    return "" if report.complete else f"; {len(report.leftovers)} item(s) left for the next sweep"
+
+
+def _resume_entry(root: Path, root_fd: int, name: str, lock_fd: int, timeout_s: float, keep: bool,
+                  retry_quarantined: bool, policy: HandoffPolicy) -> HandoffOutcome:
+    """Upload one locked entry as its owner, then remove it; count and quarantine failures."""
+    from slurm_bt.checkpoints.flush import child_limits
+    from slurm_bt.hooks.privdrop import ChildError, ChildTimeout, run_as_uid
+
+    est = os.fstat(lock_fd)
+    if os.geteuid() == 0 and est.st_uid == 0 and stat.S_IMODE(est.st_mode) != 0o711:
+        # Entries made before the flush set 0711 explicitly are 0700 (the epilog's umask): the child,
+        # running as the user, could not reach data/ ("Permission denied" on every entry).
+        os.fchmod(lock_fd, 0o711)
+    record = _read_root_json(lock_fd, "handoff.json")
+    if record is None:
         # An empty entry an hour old is what a hand-off that failed before moving anything leaves
         # (an epilog mid-hand-off has it for milliseconds); rmdir removes only an empty directory.
-        if time.time() - os.lstat(entry).st_mtime > _EMPTY_ENTRY_AGE_S:
+        if time.time() - est.st_mtime > _EMPTY_ENTRY_AGE_S:
             try:
-                os.rmdir(entry)
-                return HandoffOutcome(entry.name, "removed", "empty entry left by a failed hand-off")
+                os.rmdir(name, dir_fd=root_fd)
+                return HandoffOutcome(name, "removed", "empty entry left by a failed hand-off")
             except OSError:
                 pass
-        return HandoffOutcome(entry.name, "skipped", "no readable handoff.json")
-    st = os.lstat(entry / "handoff.json")
-    if os.geteuid() == 0 and st.st_uid != 0:
-        return HandoffOutcome(entry.name, "skipped", "handoff.json is not root-owned")
-    data = entry / "data" if record.get("moved") else Path(str(record.get("source")))
+        return HandoffOutcome(name, "skipped", "no readable root-owned handoff.json")
+    status = _read_root_json(lock_fd, STATUS_NAME) or {}
+    if status.get("quarantined") and not retry_quarantined:
+        return HandoffOutcome(name, "quarantined", f"not retried (failed {status.get('failures')} times: "
+                                                   f"{status.get('error', '')}); see `slurm-bt admin doctor`")
+    data = root / name / "data" if record.get("moved") else Path(str(record.get("source")))
     try:
         uid, gid = int(record["uid"]), int(record["gid"])
     except (KeyError, TypeError, ValueError):
-        return HandoffOutcome(entry.name, "skipped", "handoff.json has no valid uid/gid")
+        return HandoffOutcome(name, "skipped", "handoff.json has no valid uid/gid")
     env = {"PATH": "/usr/bin:/bin"}
     if os.environ.get("SLURM_BT_SITE_CONFIG"):
         env["SLURM_BT_SITE_CONFIG"] = os.environ["SLURM_BT_SITE_CONFIG"]
     started = time.monotonic()
     try:
         res = run_as_uid(lambda data=data, record=record: _resume_one(data, record),  # type: ignore[misc]
-                         uid=uid, gid=gid, timeout_s=timeout_s, extra_env=env)
+                         uid=uid, gid=gid, timeout_s=timeout_s, extra_env=env, limits=child_limits())
     except ChildError as exc:
-        return HandoffOutcome(entry.name, "failed", str(exc))
-    if not keep:
-        shutil.rmtree(entry, ignore_errors=True)
-    if res.get("gone"):
-        return HandoffOutcome(entry.name, "removed", f"nothing left to upload: {data} no longer exists")
+        how = "timeout" if isinstance(exc, ChildTimeout) else f"{exc.kind}:{exc.exc_type}:{exc.errno}"
+        failures = int(status.get("failures", 0)) + 1 if status.get("signature") == how else 1
+        quarantined = failures >= policy.max_failures
+        _write_status(lock_fd, {"failures": failures, "signature": how, "error": str(exc)[:1000],
+                                "quarantined": quarantined, "user": record.get("user"), "updated": time.time(),
+                                "since": status.get("since", time.time()) if quarantined else None})
+        if quarantined:
+            return HandoffOutcome(name, "quarantined", f"failed {failures} times the same way, quarantined "
+                                                       f"(kept, not retried automatically): {exc}")
+        return HandoffOutcome(name, "failed", f"attempt {failures} of {policy.max_failures}: {exc}")
     took = time.monotonic() - started
-    return HandoffOutcome(entry.name, "uploaded", f"{len(res.get('uploaded', []))} checkpoint(s) in {took:.1f} s")
+    left = "" if keep else _remove_entry(root_fd, name)
+    if res.get("gone"):
+        return HandoffOutcome(name, "removed", f"nothing left to upload: {data} no longer exists{left}")
+    return HandoffOutcome(name, "uploaded", f"{len(res.get('uploaded', []))} checkpoint(s) in {took:.1f} s{left}")
+
+
+def _disk_usage(root_fd: int, name: str, deadline: float) -> int:
+    """Bytes of disk under one entry (allocated blocks, hard links once); stops at ``deadline``."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    try:
+        top = os.open(name, _DIR_FLAGS, dir_fd=root_fd)
+    except OSError:
+        return 0
+    stack = [top]
+    try:
+        while stack and time.monotonic() < deadline:
+            dfd = stack.pop()
+            try:
+                names = os.listdir(dfd)
+                for child in names:
+                    try:
+                        st = os.stat(child, dir_fd=dfd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode) and len(stack) < 1000:
+                        try:
+                            stack.append(os.open(child, _DIR_FLAGS, dir_fd=dfd))
+                        except OSError:
+                            pass
+            except OSError:
+                pass
+            finally:
+                os.close(dfd)
+    finally:
+        for dfd in stack:
+            os.close(dfd)
+    return total
+
+
+def _enforce_bounds(root_fd: int, policy: HandoffPolicy, keep: bool) -> list[HandoffOutcome]:
+    """Remove entries older than ``max_age_s`` and, per user, the oldest beyond ``max_bytes_per_user``."""
+    if keep:
+        return []
+    now = time.time()
+    outcomes: list[HandoffOutcome] = []
+    per_user: dict[int, list[tuple[float, str, int]]] = {}
+    for name in sorted(os.listdir(root_fd)):
+        with _locked(root_fd, name) as lock_fd:
+            if lock_fd is None or lock_fd < 0:
+                continue
+            record = _read_root_json(lock_fd, "handoff.json")
+            if record is None:
+                continue  # no owner to charge; an empty one is removed by the pass above
+            try:
+                created = float(record.get("created") or os.fstat(lock_fd).st_mtime)
+                uid = int(record["uid"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            who = f"{record.get('user') or uid}"
+            if now - created > policy.max_age_s:
+                left = _remove_entry(root_fd, name)
+                outcomes.append(HandoffOutcome(name, "expired", f"removed: user {who}'s hand-off is "
+                                               f"{(now - created) / 3600:.1f} h old, more than the "
+                                               f"{policy.max_age_s / 3600:g} h allowed (max_age_s){left}"))
+                continue
+            size = _disk_usage(root_fd, name, time.monotonic() + _MEASURE_BUDGET_S)
+            per_user.setdefault(uid, []).append((created, name, size))
+    for uid, entries in sorted(per_user.items()):
+        used = 0
+        for _created, name, size in sorted(entries, reverse=True):  # newest first: the oldest go
+            used += size
+            if used <= policy.max_bytes_per_user:
+                continue
+            with _locked(root_fd, name) as lock_fd:
+                if lock_fd is None or lock_fd < 0:
+                    continue
+                left = _remove_entry(root_fd, name)
+            outcomes.append(HandoffOutcome(name, "over-budget", f"removed: uid {uid}'s hand-offs on this node hold "
+                                           f"{used} bytes with this one, more than the {policy.max_bytes_per_user} "
+                                           f"allowed (max_bytes_per_user){left}"))
+            used -= size
+    return outcomes
+
+
+def quarantined_handoffs(storage: dict[str, str], node: str | None) -> list[QuarantinedEntry]:
+    """The quarantined entries of ``node``'s hand-off area (for ``slurm-bt admin doctor``)."""
+    found: list[QuarantinedEntry] = []
+    try:
+        root_fd = os.open(handoff_root(storage, node), _DIR_FLAGS)
+    except OSError:
+        return found
+    try:
+        for name in sorted(os.listdir(root_fd)):
+            try:
+                efd = os.open(name, _DIR_FLAGS, dir_fd=root_fd)
+            except OSError:
+                continue
+            try:
+                status = _read_root_json(efd, STATUS_NAME) or {}
+            finally:
+                os.close(efd)
+            if status.get("quarantined"):
+                found.append(QuarantinedEntry(name, str(status.get("user") or "?"), int(status.get("failures") or 0),
+                                              str(status.get("error") or ""),
+                                              float(status.get("since") or status.get("updated") or 0)))
+    finally:
+        os.close(root_fd)
+    return found
 
 
 def start_background_sweep(
@@ -191,7 +426,8 @@ def start_background_sweep(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -I -m slurm_bt.checkpoints.handoff [--node N] [--root DIR] [--nice K]``: one sweep.
+    """``python -I -m slurm_bt.checkpoints.handoff [--node N] [--root DIR] [--nice K] [--config hooks.toml]
+    [--retry-quarantined]``: one sweep.
 
     Prints one line per entry (for the hook log); exit 1 if any entry failed.
     """
@@ -202,15 +438,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node", default=None)
     parser.add_argument("--root", type=Path, default=None)
     parser.add_argument("--nice", type=int, default=0)
+    parser.add_argument("--config", type=Path, default=None, help="hooks.toml (its [handoff] bounds)")
+    parser.add_argument("--retry-quarantined", action="store_true")
     args = parser.parse_args(argv)
     if args.nice:
         os.nice(args.nice)
-    outcomes = resume_handoffs(root=args.root, node=args.node)
+    policy = None
+    if args.config is not None:
+        from slurm_bt.hooks.config import load_hook_settings
+
+        policy = load_hook_settings(args.config).handoff
+    outcomes = resume_handoffs(root=args.root, node=args.node, policy=policy, retry_quarantined=args.retry_quarantined)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     for o in outcomes:
         print(f"{stamp} slurm-bt resume-handoffs node={args.node or '-'} entry={o.entry} {o.status}: {o.message}",
               flush=True)
-    return 1 if any(o.status == "failed" for o in outcomes) else 0
+    return 1 if any(o.status in ("failed", "quarantined") for o in outcomes) else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ rank of the job lists it (:attr:`CheckpointView.complete`).
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import re
 from collections.abc import Iterable
 
@@ -26,6 +27,8 @@ __all__ = [
     "JobIndex",
     "RankCheckpoint",
     "RankIndex",
+    "decode_relpath",
+    "encode_relpath",
     "merge_parts",
     "natural_key",
     "utc_now",
@@ -39,6 +42,60 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
+_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+_ESCAPE_BYTES = re.compile(rb"%([0-9A-Fa-f]{2})")
+
+
+def _needs_escape(ch: str) -> bool:
+    # Controls (C0, DEL, C1) break line-based tools, GCS object names and logs; a lone surrogate is
+    # how Python spells a byte that is not UTF-8 (os.fsdecode) and cannot be stored in JSON or a key.
+    o = ord(ch)
+    return o < 0x20 or 0x7F <= o <= 0x9F or 0xD800 <= o <= 0xDFFF
+
+
+def _encode_component(raw: bytes) -> str:
+    text = raw.decode("utf-8", "surrogateescape")
+    if not any(_needs_escape(c) for c in text) and not _ESCAPE.search(text):
+        return text  # the common case: the name as it is, so ordinary keys never change
+    out = []
+    for ch in text:
+        if ch == "%" or _needs_escape(ch):
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogateescape")))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def encode_relpath(raw: bytes | str) -> str:
+    """A checkpoint file's relative path as stored in keys and indexes: printable UTF-8 that round-trips.
+
+    Why: a job may name a file with bytes that are not UTF-8 or with a newline; such a name once
+    failed the whole final flush (and its hand-off for ever). Names that are valid UTF-8 without
+    control characters are kept as they are; any other component is percent-encoded: each
+    non-UTF-8 byte, control character and ``%`` becomes ``%XX``. A plain name that merely looks
+    encoded (``50%25.bin``) is encoded too, so :func:`decode_relpath` is its exact inverse. ``/``
+    separates components and never appears inside one.
+    """
+    data = os.fsencode(raw) if isinstance(raw, str) else raw
+    return "/".join(_encode_component(part) for part in data.split(b"/"))
+
+
+def decode_relpath(path: str) -> bytes:
+    """The file name bytes behind an :func:`encode_relpath` path (what a download creates).
+
+    Raises:
+        ValueError: a component decodes to something that could leave the download folder
+            (``..``, ``.``, empty, ``/`` or NUL inside).
+    """
+    parts = []
+    for comp in path.split("/"):
+        raw = _ESCAPE_BYTES.sub(lambda m: bytes([int(m.group(1), 16)]), comp.encode("utf-8", "surrogateescape"))
+        if raw in (b"", b".", b"..") or b"/" in raw or b"\0" in raw:
+            raise ValueError(f"unsafe path in the index: {path!r}")
+        parts.append(raw)
+    return b"/".join(parts)
+
+
 def natural_key(name: str) -> tuple[object, ...]:
     """Sort ``checkpoint-9`` before ``checkpoint-10``."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
@@ -49,7 +106,8 @@ class _Model(BaseModel):
 
 
 class FileEntry(_Model):
-    """One uploaded file. ``path`` is relative to the checkpoint directory (``/``-separated)."""
+    """One uploaded file. ``path`` is relative to the checkpoint directory (``/``-separated), in the
+    :func:`encode_relpath` form (plain for ordinary names; decode with :func:`decode_relpath`)."""
 
     path: str
     size: int = Field(ge=0)

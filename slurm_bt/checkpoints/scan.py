@@ -19,7 +19,9 @@ checkpoint and are not uploaded; the uploader says so once.
 
 Walking never follows symlinks: a symlink inside a checkpoint is uploaded only if it resolves to a
 regular file inside the same checkpoint (as that file's content); others are skipped and reported
-(threats-and-faults.md E05).
+(threats-and-faults.md E05). FIFOs, sockets and devices are skipped and reported too. File names
+need not be UTF-8: relative paths are stored percent-encoded where needed
+(:func:`~slurm_bt.checkpoints.index.encode_relpath`) and decoded again on download.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_bt.checkpoints.index import encode_relpath
 from slurm_bt.checkpoints.layout import MARKER_NAMES, valid_checkpoint_name
 
 __all__ = ["CheckpointFile", "CompletionTracker", "DirState", "list_files", "scan_dir"]
@@ -68,40 +71,69 @@ class DirState:
     skipped: tuple[str, ...] = ()
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def list_files(root: Path) -> tuple[list[CheckpointFile], list[str], float]:
-    """Every uploadable file under ``root`` (sorted), the skipped relative paths and the newest mtime."""
+    """Every uploadable file under ``root`` (sorted), the skipped relative paths and the newest mtime.
+
+    Relative paths are in the :func:`~slurm_bt.checkpoints.index.encode_relpath` form, so a name that
+    is not UTF-8 or holds a newline is uploaded like any other. The walk is descriptor-relative and
+    opens every directory ``O_NOFOLLOW``: a directory swapped for a symlink mid-walk is skipped,
+    never followed out of the checkpoint.
+    """
     files: list[CheckpointFile] = []
     skipped: list[str] = []
     try:
-        newest = os.lstat(root).st_mtime
+        top = os.open(root, _DIR_FLAGS)
     except OSError:
         return [], [], 0.0
+    newest = os.fstat(top).st_mtime
     real_root = os.path.realpath(root)
-    stack = [(root, "")]
-    while stack:
-        directory, rel = stack.pop()
+    # Depth-first with one open descriptor per level (not per directory seen), so a wide tree never
+    # exhausts the descriptor limit; a tree deeper than that limit is skipped below it, reported.
+    stack: list[tuple[int, Path, bytes, Iterator[str]]] = []
+
+    def enter(dfd: int, directory: Path, rel: bytes) -> None:
         try:
-            entries = list(os.scandir(directory))
+            names = sorted(os.listdir(dfd))
         except OSError:
-            skipped.append(rel or ".")
-            continue
-        for entry in entries:
-            relpath = f"{rel}/{entry.name}" if rel else entry.name
-            if not rel and entry.name in MARKER_NAMES:
+            skipped.append(encode_relpath(rel or b"."))
+            os.close(dfd)
+            return
+        stack.append((dfd, directory, rel, iter(names)))
+
+    enter(top, root, b"")
+    try:
+        while stack:
+            dfd, directory, rel, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(dfd)
+                stack.pop()
+                continue
+            relraw = rel + b"/" + os.fsencode(name) if rel else os.fsencode(name)
+            relpath = encode_relpath(relraw)
+            if not rel and name in MARKER_NAMES:
                 continue
             try:
-                st = entry.stat(follow_symlinks=False)
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             except OSError:
                 continue
             newest = max(newest, st.st_mtime)
             if stat.S_ISDIR(st.st_mode):
-                stack.append((Path(entry.path), relpath))
-            elif stat.S_ISREG(st.st_mode):
-                files.append(CheckpointFile(relpath, Path(entry.path), st.st_size, st.st_mtime_ns))
-            elif stat.S_ISLNK(st.st_mode):
-                target = os.path.realpath(entry.path)
                 try:
-                    tst = os.stat(target)
+                    sub = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+                except OSError:
+                    skipped.append(relpath)  # swapped for a symlink since the stat, or too deep
+                    continue
+                enter(sub, directory / name, relraw)
+            elif stat.S_ISREG(st.st_mode):
+                files.append(CheckpointFile(relpath, directory / name, st.st_size, st.st_mtime_ns))
+            elif stat.S_ISLNK(st.st_mode):
+                target = os.path.realpath(directory / name)
+                try:
+                    tst = os.stat(target, follow_symlinks=False)
                 except OSError:
                     skipped.append(relpath)
                     continue
@@ -112,6 +144,9 @@ def list_files(root: Path) -> tuple[list[CheckpointFile], list[str], float]:
                     skipped.append(relpath)
             else:
                 skipped.append(relpath)
+    finally:
+        for dfd, *_ in stack:
+            os.close(dfd)
     files.sort(key=lambda f: f.relpath)
     return files, sorted(skipped), newest
 

@@ -26,8 +26,17 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from slurm_bt.checkpoints.index import FileEntry, JobIndex, RankCheckpoint, RankIndex, merge_parts, utc_now
+from slurm_bt.checkpoints.index import (
+    FileEntry,
+    JobIndex,
+    RankCheckpoint,
+    RankIndex,
+    encode_relpath,
+    merge_parts,
+    utc_now,
+)
 from slurm_bt.checkpoints.layout import file_key, index_key, rank_index_key
+from slurm_bt.checkpoints.safeopen import UnsafeFile, open_user_file
 from slurm_bt.checkpoints.scan import CheckpointFile, CompletionTracker, DirState, scan_dir
 from slurm_bt.checkpoints.store import CheckpointStore
 from slurm_bt.errors import StorageError
@@ -149,7 +158,8 @@ class RankUploader:
         states, loose = scan_dir(self.checkpoint_dir)
         if loose and not self._warned_loose:
             self._warned_loose = True
-            self.log(self.ident.rank, f"not uploaded (only subdirectories are checkpoints): {', '.join(loose[:5])}")
+            shown = ", ".join(encode_relpath(n) for n in loose[:5])
+            self.log(self.ident.rank, f"not uploaded (only subdirectories are checkpoints): {shown}")
         out = []
         part = self.part()
         for state in states:
@@ -234,9 +244,13 @@ class RankUploader:
         i = self.ident
         key = file_key(i.project_id, i.job_id, i.rank, name, f.relpath)
         try:
-            fd = os.open(f.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # The job may have swapped the file for a FIFO, a device or a symlink since the scan (it can
+            # still write its hand-off): such a file is refused, never opened, and never blocks us.
+            fd = open_user_file(f.path)
+        except UnsafeFile as exc:
+            raise StorageError(encode_relpath(str(f.path)), f"not uploaded: {exc.reason}") from exc
         except OSError as exc:
-            raise StorageError(str(f.path), f"cannot open checkpoint file: {exc.strerror}") from exc
+            raise StorageError(encode_relpath(str(f.path)), f"cannot open checkpoint file: {exc.strerror}") from exc
         try:
             size = os.fstat(fd).st_size
             expect = None

@@ -353,6 +353,12 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
                                     f"checkpoints that were not confirmed uploaded: {handoff}",
                                     "upload or archive them, then remove the job dirs and records", warn=True))
         checks.append(_handoff_area_check(node, site.storage.model_dump()))
+        from slurm_bt.checkpoints.handoff import quarantined_handoffs  # hand-offs that failed max_failures times
+
+        if quarantined := quarantined_handoffs(site.storage.model_dump(), node):
+            checks.append(Check(f"quarantined hand-offs on {node}", False, f"{len(quarantined)}: " + "; ".join(
+                q.line() for q in quarantined[:5]), "fix the cause (hook log), then `slurm-bt checkpoints "
+                f"resume-handoffs --node {node} --retry-quarantined`, or let max_age_s remove them", warn=True))
         checks.append(_squats_check(node, STATE_ROOT))
         fault = Path(f"{STATE_ROOT}/{node}/last-fault")
         if fault.is_file():

@@ -79,6 +79,9 @@ def list_command(job_id: str, fmt: str, debug: bool) -> None:
 @click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
 def download_command(job_id: str, name: str | None, target_directory: Path | None, debug: bool) -> None:
     """Download checkpoint NAME of JOB_ID (default: its latest complete one), sha256-verified."""
+    import os
+
+    from slurm_bt.checkpoints.index import decode_relpath
     from slurm_bt.checkpoints.layout import file_key, valid_checkpoint_name
     from slurm_bt.checkpoints.resolve import safe_relpath
 
@@ -95,10 +98,14 @@ def download_command(job_id: str, name: str | None, target_directory: Path | Non
             count = size = 0
             for rank, files in sorted(view.ranks.items()):
                 for f in files:
-                    if not safe_relpath(f.path):
+                    try:  # stored names are percent-encoded where needed (odd bytes, newlines): decode them
+                        local = os.fsdecode(decode_relpath(f.path)) if safe_relpath(f.path) else None
+                    except ValueError:
+                        local = None
+                    if local is None:
                         raise UserError("slurm-bt", [Problem("NAME", f"unsafe path {f.path!r} in the index")])
                     key = file_key(index.project_id, index.job_id, rank, view.name, f.path)
-                    store.download_file(key, target / f"rank-{rank}" / view.name / f.path, size=f.size, sha256=f.sha256)
+                    store.download_file(key, target / f"rank-{rank}" / view.name / local, size=f.size, sha256=f.sha256)
                     count += 1
                     size += f.size
         finally:
@@ -112,14 +119,25 @@ def download_command(job_id: str, name: str | None, target_directory: Path | Non
               help="Hand-off area (default: the site's, next to the scratch root).")
 @click.option("--node", default=None, help="Node name, when storage roots use %n.")
 @click.option("--keep", is_flag=True, help="Keep entries after a successful upload.")
+@click.option("--retry-quarantined", is_flag=True,
+              help="Also retry quarantined entries (after fixing what made them fail, e.g. the store location).")
 @click.option("-o", "--output", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
-def resume_handoffs_command(root: Path | None, node: str | None, keep: bool, fmt: str, debug: bool) -> None:
-    """Upload checkpoints the epilog handed off (run as root, e.g. from a timer); exit 1 if any failed."""
+def resume_handoffs_command(root: Path | None, node: str | None, keep: bool, retry_quarantined: bool, fmt: str,
+                            debug: bool) -> None:
+    """Upload checkpoints the epilog handed off (run as root, e.g. from a timer); exit 1 if any failed.
+
+    Entries that failed the same way ``[handoff] max_failures`` times are quarantined and skipped
+    unless --retry-quarantined; entries beyond the age or per-user size bound are removed.
+    """
     from slurm_bt.checkpoints.handoff import resume_handoffs
+    from slurm_bt.site_settings import load_site_settings
 
     with handle_errors("slurm-bt", debug=debug):
-        outcomes = resume_handoffs(root=root, node=node, keep=keep)
+        if root is None and node is None and "%n" in load_site_settings().storage.scratch:
+            raise UserError("slurm-bt", [Problem("--node", "the site's scratch root uses %n: name the node "
+                                                 "whose hand-offs to resume (--node NAME)")])
+        outcomes = resume_handoffs(root=root, node=node, keep=keep, retry_quarantined=retry_quarantined)
         if fmt == "json":
             click.echo(json.dumps([o.__dict__ for o in outcomes], indent=2))
         else:
@@ -127,5 +145,5 @@ def resume_handoffs_command(root: Path | None, node: str | None, keep: bool, fmt
                 click.echo(f"{o.entry}: {o.status}: {o.message}")
             if not outcomes:
                 click.echo("no hand-offs")
-        if any(o.status == "failed" for o in outcomes):
+        if any(o.status in ("failed", "quarantined") for o in outcomes):
             raise SystemExit(1)

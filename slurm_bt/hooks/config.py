@@ -17,6 +17,11 @@ Format (all keys optional; unknown keys are errors)::
     node_cache_budget_s = 10     # epilog: node-cache lease release + LRU hook points
     [team_groups]                # Slurm account -> Unix group that owns the team cache
     ml-research = "mlteam"
+    [handoff]                    # checkpoint hand-offs (docs/checkpoints.md): quarantine and bounds
+    max_failures = 3
+    max_age_s = 259200           # 3 days
+    max_bytes_per_user = 107374182400
+    child_timeout_s = 1800       # per entry; also child_memory_mib = 4096, child_cpu_s = 1800
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slurm_bt.site_settings import DEFAULT_SITE_PATH, SiteSettings, load_site_settings
 
-__all__ = ["DEFAULT_HOOKS_PATH", "HOOK_SITE_ENV", "HookConfigError", "HookSettings", "load_hook_settings",
-           "load_trusted_site"]
+__all__ = ["DEFAULT_HOOKS_PATH", "HOOK_SITE_ENV", "HandoffPolicy", "HookConfigError", "HookSettings",
+           "load_hook_settings", "load_trusted_site"]
 
 DEFAULT_HOOKS_PATH = Path("/etc/slurm-bt/hooks.toml")
 HOOK_SITE_ENV = "SLURM_BT_HOOK_SITE"
@@ -58,6 +63,29 @@ class HookConfigError(ValueError):
         self.fix = fix
 
 
+class HandoffPolicy(BaseModel):
+    """hooks.toml ``[handoff]``: bounds of checkpoint hand-offs (docs/checkpoints.md §Hand-off).
+
+    Attributes:
+        max_failures: an entry whose upload failed the same way this many times in a row is
+            quarantined: kept, reported by ``slurm-bt admin doctor``, never retried automatically.
+        max_age_s: entries older than this are removed (quarantined ones too), with a log line.
+        max_bytes_per_user: disk one user's entries may hold on a node; beyond it the oldest go.
+        child_timeout_s: wall-clock bound of one entry's upload child (its process group is killed).
+        child_memory_mib: address-space limit (``RLIMIT_AS``) of upload children (epilog flush too).
+        child_cpu_s: CPU-time limit (``RLIMIT_CPU``) of upload children.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_failures: int = Field(default=3, ge=1, le=100)
+    max_age_s: float = Field(default=3 * 86400.0, gt=0)
+    max_bytes_per_user: int = Field(default=100 * 1024**3, ge=0)
+    child_timeout_s: float = Field(default=1800.0, gt=0, le=6 * 3600)
+    child_memory_mib: int = Field(default=4096, ge=256)
+    child_cpu_s: int = Field(default=1800, ge=10)
+
+
 class HookSettings(BaseModel):
     """Root-only hook policy (see the module docstring for the file format).
 
@@ -76,6 +104,7 @@ class HookSettings(BaseModel):
         resume_handoffs: ``background`` (default): an epilog that hands checkpoints off starts a
             detached, niced sweep that finishes the upload after the node is released; ``off``:
             only the periodic ``slurm-bt checkpoints resume-handoffs`` does.
+        handoff: bounds of hand-offs and of their upload children (:class:`HandoffPolicy`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -90,6 +119,7 @@ class HookSettings(BaseModel):
     team_groups: dict[_Account, _GroupName] = Field(default_factory=dict)
     stale_scratch_after_s: float = Field(default=3600.0, ge=0)
     resume_handoffs: Literal["background", "off"] = "background"
+    handoff: HandoffPolicy = Field(default_factory=HandoffPolicy)
 
 
 def _read_root_owned(path: Path) -> bytes | None:
