@@ -92,6 +92,23 @@ def _make_scratch(scratch: Path) -> None:
     make_private_dir(scratch)
 
 
+def _make_user_runtime(path: Path) -> None:
+    """``<runtime root>/slurm-bt-<uid>``: normally the prolog's (root-created, ours); adopt or create it.
+
+    Without the prolog, another user may have created the name first in the world-writable runtime
+    root (a squat); step 1 runs as the user and cannot remove it, so say who can.
+    """
+    try:
+        make_private_dir(path)
+    except StorageError as exc:
+        reason = str(exc).removeprefix(f"{path}: ")
+        if "owned by uid" not in reason and not reason.startswith("exists but"):
+            raise
+        raise StorageError(str(path), f"{reason}; someone else took this name first, so your jobs cannot use it "
+                           "on this host: an admin must remove it (the slurm-bt prolog, when installed, moves "
+                           "such entries aside by itself)") from None
+
+
 def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str | None = None) -> Path:
     """Create this node's directories and write its environment file. Returns the file's path.
 
@@ -126,7 +143,7 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str
             download_pinned(spec, load_dir)
     store = SecretStore(Path(user_path(spec.storage["secrets"])))
     runtime = Path(layout.runtime)
-    make_private_dir(runtime.parent)
+    _make_user_runtime(runtime.parent)
     make_private_dir(runtime)
     if spec.docker_auth is not None and spec.container_runtime == "pyxis":
         make_private_dir(runtime / "enroot")

@@ -390,3 +390,28 @@ def test_doctor_says_who_ends_leftover_processes() -> None:
     assert "Slurm ends" in _proctrack_check("proctrack/cgroup").problem
     linux = _proctrack_check("proctrack/linuxproc")
     assert linux.ok and "slurm-bt epilog" in linux.problem and "no other job on this host" in linux.problem
+
+
+def test_without_the_prolog_step1_names_the_squat_and_who_can_fix_it(site: Site) -> None:
+    from slurm_bt.errors import StorageError
+    from slurm_bt.node.prepare import prepare_node
+
+    os.chmod(site.scratch("x").parent, 0o1777)  # the no-prolog layout (docs/admin.md §Without the prolog)
+    work = hooks_tests.write_job(site, "btu1", cache=False)
+    squat = _runtime(site)
+    squat.mkdir(mode=0o777)
+    os.chown(squat, pwd.getpwnam("btu2").pw_uid, -1)
+
+    def step1() -> str:
+        try:
+            prepare_node(work / "job.json", {"SLURM_JOB_ID": "48", "SLURMD_NODENAME": "n1"}, state_root=site.state)
+        except StorageError as exc:
+            return str(exc)
+        return "prepared"
+
+    message = hooks_tests.as_user("btu1", step1)
+    assert isinstance(message, str) and message.startswith(f"{squat}: is owned by uid {pwd.getpwnam('btu2').pw_uid}")
+    assert "an admin must remove it" in message and "prolog" in message
+    squat.rmdir()
+    assert hooks_tests.as_user("btu1", step1) == "prepared"  # the fallback itself still works
+    assert (squat / "48" / "node-0.env").stat().st_uid == pwd.getpwnam("btu1").pw_uid
