@@ -14,7 +14,9 @@ who re-creates the name faster than root three times in a row fails *that job* (
 
 The epilog removes the job's directory ``slurm-bt-<uid>/<job id>`` (per-node env files with resolved
 secrets, registry credentials, the bubblewrap argv) the same fd-relative way, also when step 2 never
-ran, and the per-user directory itself once the user has no other job on the host.
+ran, and the per-user directory itself once the user has no other job on the host. Job directories whose
+epilog never ran (slurmd crashed without a reboot) are removed by the user's next prolog on the host
+(:func:`~slurm_bt.hooks.sweep.sweep_stale_runtime`).
 
 A runtime root that is missing or that a non-root user could replace is left to step 1 (the no-prolog
 behaviour) with a warning: root must not create or delete by name under a path a user controls.
@@ -38,6 +40,7 @@ from slurm_bt.hooks.safefs import (
     remove_tree_at,
 )
 from slurm_bt.hooks.squats import entry_kind, record_squat
+from slurm_bt.hooks.sweep import sweep_stale_runtime
 from slurm_bt.node.layout import user_runtime_dir
 
 __all__ = ["ASIDE_PREFIX", "SQUAT_ATTEMPTS", "make_user_runtime_dir", "remove_job_runtime_dir"]
@@ -121,7 +124,13 @@ def make_user_runtime_dir(ctx: HookContext) -> str | None:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise HookUserError(f"{path}: {exc.strerror}; the node's runtime tmpfs is full") from None
                 raise
-            os.close(fd)
+            try:
+                if not created:
+                    sweep_stale_runtime(ctx, fd, path)
+            except OSError as exc:  # housekeeping: never fails this job or the node
+                ctx.log.warning(f"stale runtime sweep of {path} stopped: {exc}")
+            finally:
+                os.close(fd)
             ctx.notes.append("runtime=" + ("created" if created else "existing"))
             return path
         raise HookUserError(f"another user keeps re-creating {path}, the runtime directory this job needs; "

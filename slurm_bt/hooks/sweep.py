@@ -18,6 +18,11 @@ The next prolog on the node removes such directories, bounded in time, and never
 
 Removal is the epilog's (:func:`~slurm_bt.hooks.safefs.remove_tree_at`): fd-relative, never follows
 a symlink, never crosses a mount point, stops at its deadline (the rest goes on the next prolog).
+
+The same goes for the job user's runtime directories ``<runtime root>/slurm-bt-<uid>/<job id>``
+(:func:`sweep_stale_runtime`, per-node env files with resolved secrets): tmpfs, so only a slurmd
+crash without a reboot leaves them; "active" there means a note on *any* node of the host, because
+the runtime root is per host (the dev cluster's n1 and n2 share one ``/dev/shm``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import time
 from slurm_bt.hooks.runner import HookContext
 from slurm_bt.hooks.safefs import mount_points_below, remove_tree_at
 
-__all__ = ["HANDOFF_DIR", "sweep_stale_scratch"]
+__all__ = ["HANDOFF_DIR", "sweep_stale_runtime", "sweep_stale_scratch"]
 
 #: Where the epilog records scratch it kept for a checkpoint hand-off (one ``<job id>.json`` each).
 HANDOFF_DIR = ".slurm-bt-handoff"
@@ -70,6 +75,37 @@ def sweep_stale_scratch(ctx: HookContext, root_fd: int, root: str) -> list[str]:
         report = remove_tree_at(root_fd, name, deadline=deadline, mount_points=mount_points_below(f"{root}/{name}"))
         swept.append(name)
         ctx.log.info(f"stale scratch {root}/{name} (no job on this node, epilog never ran): removed "
+                     f"files={report.files} dirs={report.dirs}"
+                     + (f", {len(report.leftovers)} left" if report.leftovers else ""))
+    return swept
+
+
+def sweep_stale_runtime(ctx: HookContext, user_fd: int, path: str) -> list[str]:
+    """Remove stale job directories in the job user's runtime directory (open at ``user_fd``); return them.
+
+    ``user_fd`` must be the user's own real directory (the prolog just created or adopted it).
+    """
+    min_age = ctx.settings.stale_scratch_after_s
+    if min_age <= 0:
+        return []
+    active = {job for node in _names(ctx.state_root) for job in _names(f"{ctx.state_root}/{node}/jobs")}
+    deadline = min(time.monotonic() + SWEEP_BUDGET_S / 2, ctx.deadline - 5.0)
+    now = time.time()
+    swept: list[str] = []
+    for name in sorted(os.listdir(user_fd))[:10000]:
+        if not (name.isascii() and name.isdigit()) or name == ctx.env.job_id or name in active:
+            continue
+        if time.monotonic() >= deadline:
+            break
+        try:
+            st = os.stat(name, dir_fd=user_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < min_age:
+            continue
+        report = remove_tree_at(user_fd, name, deadline=deadline)
+        swept.append(name)
+        ctx.log.info(f"stale runtime directory {path}/{name} (no job on this host, epilog never ran): removed "
                      f"files={report.files} dirs={report.dirs}"
                      + (f", {len(report.leftovers)} left" if report.leftovers else ""))
     return swept

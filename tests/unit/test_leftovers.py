@@ -415,3 +415,22 @@ def test_without_the_prolog_step1_names_the_squat_and_who_can_fix_it(site: Site)
     squat.rmdir()
     assert hooks_tests.as_user("btu1", step1) == "prepared"  # the fallback itself still works
     assert (squat / "48" / "node-0.env").stat().st_uid == pwd.getpwnam("btu1").pw_uid
+
+
+def test_prolog_removes_runtime_dirs_whose_epilog_never_ran(site: Site) -> None:
+    work = hooks_tests.write_job(site, "btu1")
+    assert hooks_tests.run(site, "prolog", hooks_tests.job_env(site, "btu1", "50", work)) == 0
+    pw = pwd.getpwnam("btu1")
+    old = time.time() - 7200
+    for job in ("97", "98", "99"):
+        d = _runtime(site) / job
+        d.mkdir()
+        (d / "node-0.env").write_bytes(b"SECRET=stale\0")
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+        if job != "99":
+            os.utime(d, (old, old))
+    note(site.state, "n2", "98", owner=pw.pw_uid)  # still running on the other node of the host
+    assert hooks_tests.run(site, "prolog", hooks_tests.job_env(site, "btu1", "51", work)) == 0
+    left = sorted(p.name for p in _runtime(site).iterdir())
+    assert left == ["98", "99"]  # 97: stale; 98: active on n2; 99: too recent
+    assert "stale runtime directory" in (site.base / "log" / "hooks.log").read_text()
