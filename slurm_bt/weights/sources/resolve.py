@@ -8,7 +8,9 @@ sha256 strategy (every manifest file must carry a *verified* sha256, threats R6)
 * **HF non-LFS files** (configs, tokenizers; git blobs, at most ~10 MiB each) and **objects
   without a published full-object sha256** (most S3/R2/GCS objects: multipart ETags and GCS
   composites are not content hashes) are streamed **once** at resolve time, pinned to the
-  listed version, and hashed on the fly; GCS's own CRC32C/MD5 is checked on the same pass.
+  listed version, and hashed on the fly; the origin's own checksum (HF git blob sha1, GCS
+  crc32c/md5Hash, S3 CRC32/CRC32C or single-part ETag MD5; sources/checksums.py) is checked on the
+  same pass, so a body corrupted in transit or at the origin fails instead of being pinned.
 * With ``mirror_dir`` (the cluster cache's blob directory), that single stream is the mirror
   download itself: the file goes through the normal temp + pwrite + hash + rename path and is
   published under the sha256 computed from the very bytes published, so a large bucket is read
