@@ -8,12 +8,14 @@ file. One function does this, so every such hand-off is checked the same way.
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["owned_by_root", "read_trusted_file"]
+__all__ = ["describe_owner", "is_group_member", "is_team_dir", "owned_by_root", "read_trusted_file"]
 
 
 def owned_by_root(st: os.stat_result) -> bool:
@@ -51,3 +53,43 @@ def read_trusted_file(path: str | Path, *, max_bytes: int,
         return None
     finally:
         os.close(fd)
+
+
+def describe_owner(st: os.stat_result) -> str:
+    """``owner NAME, group NAME, mode 0NNN`` of a stat result, for refusal messages."""
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"owner {owner}, group {group}, mode {stat.S_IMODE(st.st_mode):04o}"
+
+
+def is_group_member(uid: int, gid: int) -> bool:
+    """Whether the user ``uid`` is in group ``gid`` (primary or supplementary, per the group database)."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    if pw.pw_gid == gid:
+        return True
+    try:
+        return pw.pw_name in grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+
+
+def is_team_dir(st: os.stat_result, gid: int) -> bool:
+    """The one rule for a directory that belongs to team group ``gid`` (team weights tier, checkpoint projects).
+
+    Exactly what slurm-bt (``<member>:<team> 2770``) or an admin (``root:<team> 2770/3770``) creates: a
+    real directory whose group is the team's, owned by root or a member of that group, and closed to
+    others. Nobody outside the team can create a directory with the team's group (``chown``/``chgrp``
+    to a group one is not in is refused by the kernel), so a name squatted by another user in a
+    world-writable parent always fails it.
+    """
+    return (stat.S_ISDIR(st.st_mode) and st.st_gid == gid and not stat.S_IMODE(st.st_mode) & 0o007
+            and (st.st_uid == 0 or is_group_member(st.st_uid, gid)))

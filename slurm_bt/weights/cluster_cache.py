@@ -24,7 +24,6 @@ import errno
 import grp
 import logging
 import os
-import pwd
 import re
 import shutil
 import stat
@@ -36,6 +35,8 @@ from pathlib import Path
 
 from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.errors import StorageError
+from slurm_bt.trusted_files import describe_owner as _describe
+from slurm_bt.trusted_files import is_team_dir
 from slurm_bt.weights.cache_layout import (
     CacheLayout,
     build_snapshot,
@@ -136,18 +137,6 @@ def blob_present(layout: CacheLayout, f: ManifestFile) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size == f.size
 
 
-def _describe(st: os.stat_result) -> str:
-    try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        owner = str(st.st_uid)
-    try:
-        group = grp.getgrgid(st.st_gid).gr_name
-    except KeyError:
-        group = str(st.st_gid)
-    return f"owner {owner}, group {group}, mode {stat.S_IMODE(st.st_mode):04o}"
-
-
 def shared_tier_problem(root: Path) -> str | None:
     """Why the admin-curated shared tier at ``root`` must not be used, or None (usable, or absent).
 
@@ -178,19 +167,6 @@ def shared_tier_problem(root: Path) -> str | None:
     return None
 
 
-def _is_member(uid: int, gid: int) -> bool:
-    try:
-        pw = pwd.getpwuid(uid)
-    except KeyError:
-        return False
-    if pw.pw_gid == gid:
-        return True
-    try:
-        return pw.pw_name in grp.getgrgid(gid).gr_mem
-    except KeyError:
-        return False
-
-
 def team_tier_problem(root: Path, gid: int) -> str | None:
     """Why the team tier at ``root`` is not the team's own, or None (usable, or absent).
 
@@ -213,8 +189,7 @@ def team_tier_problem(root: Path, gid: int) -> str | None:
         team = grp.getgrgid(gid).gr_name
     except KeyError:
         team = str(gid)
-    if (st.st_gid != gid or stat.S_IMODE(st.st_mode) & 0o007
-            or not (st.st_uid == 0 or _is_member(st.st_uid, gid))):
+    if not is_team_dir(st, gid):
         return (f"was not created for team group {team} ({_describe(st)}; slurm-bt creates it as "
                 f"<member>:{team} 2770, admins as root:{team} 3770)")
     return None
