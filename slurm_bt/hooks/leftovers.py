@@ -16,9 +16,9 @@ anything a user controls, and never with a Slurm command (hooks must not call th
   root**: ``/run`` is per host, so this covers every slurmd on the host (the dev cluster runs n1 and
   n2 on one host: a job of the same user on the other dev node keeps the user's processes alive).
   The same job id on another node is this job, and a job whose epilog has started
-  (:data:`ENDING_NOTE`) is ending too. Notes without an ``owner`` are waited for briefly (a prolog
-  between its two writes) and otherwise counted as "maybe this user": leaving a process is better
-  than killing a running job's.
+  (:data:`ENDING_NOTE`) is ending too. Recent notes without an ``owner`` are waited for briefly (a
+  prolog between its two writes) and otherwise counted as "maybe this user": leaving a process is
+  better than killing a running job's; ownerless notes older than two minutes are debris.
 * **Which processes.** Those whose real, effective, saved and filesystem uids all equal the job's
   uid (a setuid program the user started runs partly as root and is never signalled), and the job
   uid must be at least :data:`MIN_USER_UID` (root and system users are never swept). Processes
@@ -74,6 +74,9 @@ TERM_GRACE_S = 3.0
 KILL_ROUNDS = 6
 MAX_PROCESSES = 4096
 _OWNER_WAIT_S = 1.0
+_OWNERLESS_MAX_AGE_S = 120.0
+"""Notes without an owner older than this are not a prolog between two writes but debris (a prolog
+that crashed there, or notes from a version without owners): they protect nobody."""
 _JOBS_SCANNED_MAX = 10000
 _JOB_SIDE_EXES = frozenset({"slurmstepd", "slurmd"})
 
@@ -131,10 +134,18 @@ def _read_owner(job_dir: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _young(job_dir: str) -> bool:
+    """Notes created less than :data:`_OWNERLESS_MAX_AGE_S` ago (only root writes there, so mtime is root's)."""
+    try:
+        return time.time() - os.lstat(job_dir).st_mtime < _OWNERLESS_MAX_AGE_S
+    except OSError:
+        return False
+
+
 def other_jobs_of_user(state_root: str, uid: int, job_id: str) -> list[str]:
     """``<node>/<job id>`` of every other live job of ``uid`` on this host (see the module docstring).
 
-    Notes without an owner count as this user's after a short wait (conservative).
+    Recent notes without an owner count as this user's after a short wait (conservative).
     """
     try:
         nodes = sorted(os.listdir(state_root))
@@ -160,7 +171,8 @@ def other_jobs_of_user(state_root: str, uid: int, job_id: str) -> list[str]:
                 continue
             owner = _read_owner(job_dir)
             if owner is None:
-                unknown.append((node, name))
+                if _young(job_dir):
+                    unknown.append((node, name))
             elif owner == uid:
                 found.append(f"{node}/{name}")
     if unknown and not found:

@@ -434,3 +434,12 @@ def test_prolog_removes_runtime_dirs_whose_epilog_never_ran(site: Site) -> None:
     left = sorted(p.name for p in _runtime(site).iterdir())
     assert left == ["98", "99"]  # 97: stale; 98: active on n2; 99: too recent
     assert "stale runtime directory" in (site.base / "log" / "hooks.log").read_text()
+
+
+def test_old_ownerless_notes_are_debris_not_a_job(state: str) -> None:
+    note(state, "n1", "60", owner=None)
+    old = time.time() - 3600
+    os.utime(Path(state, "n1", "jobs", "60"), (old, old))
+    t0 = time.monotonic()
+    assert other_jobs_of_user(state, UID, "61") == []
+    assert time.monotonic() - t0 < 0.5
