@@ -443,3 +443,23 @@ def test_old_ownerless_notes_are_debris_not_a_job(state: str) -> None:
     t0 = time.monotonic()
     assert other_jobs_of_user(state, UID, "61") == []
     assert time.monotonic() - t0 < 0.5
+
+
+RESPAWNER = """
+import os, signal, time
+def again(*_):
+    if os.fork() == 0:
+        return  # the child carries on as a new process, handler and all
+    os._exit(0)
+signal.signal(signal.SIGTERM, again)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_process_that_respawns_on_sigterm_is_stopped_and_killed(state: str, procs: list[int]) -> None:
+    procs.append(spawn_detached(["/usr/bin/python3", "-c", RESPAWNER]))
+    time.sleep(0.3)
+    report = end_leftover_processes(UID, "62", deadline=time.monotonic() + 20, state_root=state)
+    time.sleep(0.3)
+    assert leftover_candidates(UID) == [] and report.killed >= 1 and not report.left
