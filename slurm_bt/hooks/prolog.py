@@ -44,6 +44,7 @@ from slurm_bt.hooks.runtime import make_user_runtime_dir
 from slurm_bt.hooks.safefs import UnsafeEntry, UntrustedPath, ensure_dir_at, open_trusted_dir, set_default_group_acl
 from slurm_bt.hooks.sweep import sweep_stale_scratch
 from slurm_bt.hooks.teams import Team, TeamError, resolve_team
+from slurm_bt.hooks.weights_tiers import STAGING_COMMENT_PREFIX, provision_cluster_tiers
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.site_settings import expand_path
 
@@ -403,6 +404,10 @@ def prolog_body(ctx: HookContext) -> None:
     state.reset()
     write_job_owner(ctx.state_root, env.node, env.job_id, env.uid, env.gid)
     if not env.untrusted_comment.startswith(COMMENT_PREFIX):
+        if env.untrusted_comment.startswith(STAGING_COMMENT_PREFIX):
+            # a weights staging job: root makes its team's cluster-tier dirs first (no squats)
+            ctx.phase = "weights-tiers"
+            provision_cluster_tiers(ctx)
         ctx.notes.append("not a slurm-bt job")
         return
     ctx.phase = "scratch"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import grp
 import os
+import pwd
 import signal
 import socket
 import stat
@@ -23,13 +24,20 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.errors import StorageError
+from slurm_bt.hooks.squats import read_squats
+from slurm_bt.hooks.status import read_hook_state
 from slurm_bt.weights.cache_layout import parse_tmp_name, tmp_name
 from slurm_bt.weights.cluster_cache import ClusterCache, shared_tier_problem, team_tier_problem
 from slurm_bt.weights.locks import process_start_time, writer_is_dead
 from slurm_bt.weights.manifest import Manifest
 from slurm_bt.weights.node_cache import NodeAudience, NodeCache
 from slurm_bt.weights.stage_job import ensure_team_root
+from tests.unit import test_hooks_prolog as hp
 from tests.unit.test_cache_support import DirFetcher, allow, make_manifest, random_bytes, write_origin
+from tests.unit.test_hooks_env import hook_environ
+
+site = hp.site  # the throwaway roots, users and hook files of test_hooks_prolog
+fake_flush = hp.fake_flush  # autouse there: no hook here may upload
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the node tier is root's; chown needs root")
 TEAM_GID = 4242  # any group: root can give files a group that has no name
@@ -272,3 +280,43 @@ def test_node_gc_covers_private_subtrees(tmp_path: Path) -> None:
     debris = team.layout.tmp / f"blob.{gone}_5.abc@{socket.gethostname()}"
     debris.write_bytes(b"x" * 100)
     assert NodeCache(tmp_path / "n", 1 << 30).gc_temp() == [debris]
+
+
+# -- item 7: the staging job's prolog makes the tiers as root and sidesteps squats --------------------------
+
+
+@root_only
+def test_staging_prolog_makes_tiers_as_root_and_sidesteps_squats(site: hp.Site, tmp_path: Path) -> None:
+    base = site.base / "shared" / "weights"
+    site.site.write_text(site.site.read_text().replace("[storage]\n", f'[storage]\ncluster_cache = "{base}"\n'))
+    u1, u2 = pwd.getpwnam("btu1"), pwd.getpwnam("btu2")
+    team1 = grp.getgrnam("btteam1").gr_gid
+    # what older stagers and a squatter left: base and teams/ 1777 owned by btu1, btu2's "btteam1", btu2's shared
+    (base / "teams" / "btteam1").mkdir(parents=True)
+    (base / "shared" / "manifests").mkdir(parents=True)
+    for d in (base, base / "teams"):
+        os.chown(d, u1.pw_uid, u1.pw_gid)
+        os.chmod(d, 0o1777)
+    for d in (base / "teams" / "btteam1", base / "shared", base / "shared" / "manifests"):
+        os.chown(d, u2.pw_uid, u2.pw_gid)
+        os.chmod(d, 0o2777)
+    env = hook_environ("btu1", "77", SLURM_JOB_COMMENT="slurm-bt-staging:s1", SLURM_JOB_WORK_DIR=str(tmp_path))
+    assert hp.run(site, "prolog", env) == 0
+    for d, owner, mode in ((base, (0, 0), 0o755), (base / "teams", (0, 0), 0o755),
+                           (base / "teams" / "btteam1", (0, team1), 0o2770), (base / "shared", (0, 0), 0o755)):
+        st = os.lstat(d)
+        assert ((st.st_uid, st.st_gid), stat.S_IMODE(st.st_mode)) == (owner, mode), d
+    assert team_tier_problem(base / "teams" / "btteam1", team1) is None
+    assert shared_tier_problem(base / "shared") is None
+    squats = {s.path: s for s in read_squats("n1", site.state)}
+    assert {str(base / "teams" / "btteam1"), str(base / "shared")} <= set(squats)
+    assert squats[str(base / "shared")].owner_uid == u2.pw_uid
+    assert not [n for n in os.listdir(base / "teams") if n.startswith(".slurm-bt-squatted-")]  # removed
+    # a teammate-made team dir (member-owned, the team's group, closed to others) is the team's: kept
+    os.rmdir(base / "teams" / "btteam1")
+    os.mkdir(base / "teams" / "btteam1")
+    os.chown(base / "teams" / "btteam1", u1.pw_uid, team1)
+    os.chmod(base / "teams" / "btteam1", 0o2770)
+    assert hp.run(site, "prolog", {**env, "SLURM_JOB_ID": "78"}) == 0
+    assert os.lstat(base / "teams" / "btteam1").st_uid == u1.pw_uid
+    assert read_hook_state("n1", "78", site.state).error is None

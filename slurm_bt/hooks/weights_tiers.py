@@ -1,0 +1,183 @@
+"""Prolog of a weights staging job (root): the cluster-tier directories are made by root, not by users.
+
+Why (issue #8 item 7): the first stager used to create ``<cluster_cache>``, ``teams/`` (both 1777,
+owned by that user) and its team directory itself, so any user could create *another* team's
+directory first (blocking that team's weights) or the admin-curated ``shared`` tier before an admin
+did (which was then taken as a complete, trusted tier). Here, before the staging job runs, root
+makes every directory that must belong to someone, under a root-owned parent:
+
+    <cluster_cache>/              root:root 0755   (a legacy 1777 dir a stager made is adopted)
+    <cluster_cache>/shared/       root:root 0755   (pre-empts squatting; admins fill it)
+    <cluster_cache>/teams/        root:root 0755   (a legacy 1777 dir a stager made is adopted)
+    <cluster_cache>/teams/<team>  root:<team gid> 2770
+
+An existing team directory that is not the team's (``cluster_cache.team_tier_problem``: wrong group,
+open to others) and a ``shared`` tier not made by root are squats: they are renamed aside, removed
+within a small budget, logged, and recorded for ``slurm-bt admin doctor`` (:mod:`slurm_bt.hooks.squats`);
+the victim's staging job then finds its real directory and goes on. A team directory a teammate's
+stager created (group = the team's, closed to others) is the team's and is kept.
+
+All of it is housekeeping for the job's own team: a failure is logged and never fails the job or
+the node (the staging job checks the directories again, as the user, and fails with the fix).
+Every step works on directory fds (``O_NOFOLLOW``), so a symlink planted anywhere is never followed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import time
+from pathlib import Path
+
+from slurm_bt.hooks.runner import HookContext
+from slurm_bt.hooks.safefs import (
+    UnsafeEntry,
+    UntrustedPath,
+    ensure_dir_at,
+    open_dir_at,
+    open_trusted_dir,
+    remove_tree_at,
+)
+from slurm_bt.hooks.squats import entry_kind, record_squat
+from slurm_bt.hooks.teams import TeamError, resolve_team
+from slurm_bt.site_settings import expand_path
+
+__all__ = ["STAGING_COMMENT_PREFIX", "provision_cluster_tiers"]
+
+STAGING_COMMENT_PREFIX = "slurm-bt-staging:"
+"""``weights.plan.render_staging_script`` puts ``--comment=slurm-bt-staging:<submit id>`` on staging jobs."""
+ASIDE_PREFIX = ".slurm-bt-squatted-"
+SQUAT_REMOVAL_BUDGET_S = 10.0
+_LEGACY_MODE = 0o1777  # what stagers before this module created for <cluster_cache> and teams/
+
+
+def _adopt_or_create(ctx: HookContext, parent_fd: int, name: str, path: str) -> int:
+    """``name`` in ``parent_fd`` as a ``root:root 0755`` directory; a legacy stager-made 1777 one is adopted.
+
+    Raises:
+        UnsafeEntry: it exists and is neither root's nor exactly a legacy 1777 directory.
+    """
+    try:
+        fd, _ = ensure_dir_at(parent_fd, name, uid=0, gid=0, mode=0o755)
+        return fd
+    except UnsafeEntry:
+        fd = open_dir_at(parent_fd, name)
+    try:
+        st = os.fstat(fd)
+        if stat.S_IMODE(st.st_mode) != _LEGACY_MODE:
+            raise UnsafeEntry(name, f"is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}")
+        # Made by an older stager: its owner could rename other teams' directories away. Root takes
+        # it over; nothing inside changes hands.
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, 0o755)
+        ctx.log.warning(f"took over {path} (made by uid {st.st_uid}, mode 1777) as root:root 0755 so that no user "
+                        "can rename or squat the weights tiers in it")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _sidestep(ctx: HookContext, parent_fd: int, parent: str, name: str, why: str) -> None:
+    """Rename a squatted ``name`` aside, remove it (bounded), log and record the squat."""
+    env = ctx.env
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    aside = f"{ASIDE_PREFIX}{name}-{secrets.token_hex(6)}"
+    os.rename(name, aside, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+    report = remove_tree_at(parent_fd, aside, deadline=min(time.monotonic() + SQUAT_REMOVAL_BUDGET_S,
+                                                            ctx.deadline - 10.0))
+    action = "moved aside and removed"
+    if report.leftovers:
+        action = f"moved aside to {parent}/{aside}; {len(report.leftovers)} entries could not be removed"
+    path = f"{parent}/{name}"
+    ctx.log.warning(f"squatted weights tier {path}: a {entry_kind(st.st_mode)} owned by uid {st.st_uid} "
+                    f"(mode {stat.S_IMODE(st.st_mode):04o}) {why}; {action}")
+    ctx.notes.append(f"weights tier squat by uid {st.st_uid} sidestepped")
+    try:
+        record_squat(env.node, path=path, owner_uid=st.st_uid, kind=entry_kind(st.st_mode), victim_uid=env.uid,
+                     job_id=env.job_id, action=action, state_root=ctx.state_root)
+    except OSError as exc:  # a report only: the hook log has it
+        ctx.log.warning(f"cannot record the squat of {path}: {exc}")
+
+
+def _ensure_owned(ctx: HookContext, parent_fd: int, parent: str, name: str, *, gid: int, mode: int,
+                  is_ours: bool) -> int:
+    """``name`` as a root-owned dir (group ``gid``); a squat is sidestepped once, then created again."""
+    for _ in range(2):
+        try:
+            fd, _ = ensure_dir_at(parent_fd, name, uid=0, gid=gid, mode=mode, adopt_modes=False)
+        except UnsafeEntry as exc:
+            if is_ours:
+                raise
+            _sidestep(ctx, parent_fd, parent, name, f"where root's directory belongs ({exc.reason})")
+            continue
+        # an existing root-owned dir keeps an admin's mode (e.g. 3770) minus what others must not have:
+        # any access to a team tier, write access to the shared tier
+        forbidden = 0o007 if gid >= 0 else 0o022
+        current = stat.S_IMODE(os.fstat(fd).st_mode)
+        if current & forbidden:
+            os.fchmod(fd, current & ~forbidden)
+        return fd
+    raise UnsafeEntry(name, "was created again by someone else while being replaced")
+
+
+def provision_cluster_tiers(ctx: HookContext) -> None:
+    """Create the staging job's cluster-tier directories as root (see the module docstring); never raises."""
+    try:
+        _provision(ctx)
+    except Exception as exc:  # housekeeping must never fail the job or drain the node
+        ctx.log.error(f"weights tiers not provisioned: {type(exc).__name__}: {exc}")
+
+
+def _provision(ctx: HookContext) -> None:
+    from slurm_bt.weights.cluster_cache import team_tier_problem
+    from slurm_bt.weights.plan import team_slug
+
+    env = ctx.env
+    try:
+        team = resolve_team(env, ctx.settings)
+    except TeamError as exc:
+        ctx.log.warning(f"weights tiers: {exc}")
+        return
+    base = expand_path(ctx.site.storage.cluster_cache, user=env.user, uid=env.uid, home=env.home,
+                       node=env.node).rstrip("/")
+    parent, _, leaf = base.rpartition("/")
+    slug = team_slug(team.name)
+    opened: list[int] = []
+    try:
+        pfd = open_trusted_dir(parent or "/", allow_sticky_final=True)
+        opened.append(pfd)
+        bfd = _adopt_or_create(ctx, pfd, leaf, base)
+        opened.append(bfd)
+        # gid -1: an admin's group on an existing shared tier is left alone
+        os.close(_ensure_owned(ctx, bfd, base, "shared", gid=-1, mode=0o755, is_ours=False))
+        tfd = _adopt_or_create(ctx, bfd, "teams", f"{base}/teams")
+        opened.append(tfd)
+        path = f"{base}/teams/{slug}"
+        problem = team_tier_problem(_fd_path(tfd, slug), team.gid)
+        if problem is not None:
+            _sidestep(ctx, tfd, f"{base}/teams", slug, f"where team {team.name}'s directory belongs ({problem})")
+        try:
+            os.close(_ensure_owned(ctx, tfd, f"{base}/teams", slug, gid=team.gid, mode=0o2770, is_ours=True))
+        except UnsafeEntry:
+            if team_tier_problem(_fd_path(tfd, slug), team.gid) is not None:
+                raise
+            # a teammate's stager made it (member-owned, the team's group, closed to others): the team's
+        ctx.notes.append(f"weights tier {path}")
+    except (UntrustedPath, FileNotFoundError) as exc:
+        ctx.log.warning(f"weights tiers under {base} not provisioned ({exc}); the staging job creates and checks "
+                        "them as the user (admins: make the parent root-owned)")
+    except (UnsafeEntry, OSError) as exc:
+        ctx.log.warning(f"weights tiers under {base} not provisioned: {exc}; the staging job checks them as the user")
+    finally:
+        for fd in reversed(opened):
+            os.close(fd)
+
+
+def _fd_path(dir_fd: int, name: str) -> Path:
+    """A path for ``name`` in ``dir_fd`` that the ``lstat``-based checks can use without re-resolving parents."""
+    return Path(f"/proc/self/fd/{dir_fd}/{name}")
