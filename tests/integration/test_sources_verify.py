@@ -5,7 +5,8 @@ Each origin serves a body that does not match what its listing vouches for, and 
 file and both checksums named, leaving nothing in the cluster cache:
 
 * fake Hub: a non-LFS file's body flipped in transit (its tree ``oid`` is the git blob sha1);
-* SeaweedFS behind a corrupting proxy: a single-part object whose ETag is the MD5 of the original;
+* SeaweedFS behind a corrupting proxy: a single-part object whose ETag is the MD5 of the original,
+  and a multipart object with a full-object CRC32 (found by one HEAD: SeaweedFS does not list it);
 * fake-gcs-server: an object whose stored bytes rotted (listed crc32c of the original), and one whose
   listed md5Hash does not match (crc32c absent, as for objects some tools write).
 
@@ -166,6 +167,37 @@ def test_s3_multipart_object_has_no_content_checksum_in_its_listing(seaweed: Sea
     finally:
         src.close()
     assert f.etag is not None and "-" in f.etag and f.checksums == () and f.sha256 is None
+
+
+def test_s3_multipart_object_with_full_object_crc32_is_checked(seaweed: SeaweedS3, proxy: CorruptingProxy,
+                                                                 tmp_path: Path) -> None:
+    """SeaweedFS keeps a FULL_OBJECT CRC32 of a multipart upload but does not list it: one HEAD finds it."""
+    import zlib
+
+    prefix = f"verify-crc-{random.Random().randbytes(4).hex()}"
+    client = seaweed.client()
+    key = f"{prefix}/shard.bin"
+    chunks = [random.Random(1).randbytes(5 * MiB), random.Random(2).randbytes(MiB + 7)]
+    body = b"".join(chunks)
+    up = client.create_multipart_upload(Bucket="weights", Key=key, ChecksumAlgorithm="CRC32",
+                                        ChecksumType="FULL_OBJECT")
+    parts = []
+    for n, chunk in enumerate(chunks, 1):
+        r = client.upload_part(Bucket="weights", Key=key, UploadId=up["UploadId"], PartNumber=n, Body=chunk,
+                               ChecksumAlgorithm="CRC32")
+        parts.append({"ETag": r["ETag"], "PartNumber": n, "ChecksumCRC32": r["ChecksumCRC32"]})
+    client.complete_multipart_upload(Bucket="weights", Key=key, UploadId=up["UploadId"],
+                                     MultipartUpload={"Parts": parts})
+    ep = SourceEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path")
+    proxy.corrupt[f"/weights/{key}"] = 5 * MiB + 1
+    with pytest.raises(IntegrityError) as err:
+        _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
+    crc = f"{zlib.crc32(body):08x}"
+    assert "x-amz-checksum-crc32" in str(err.value) and crc in str(err.value), err.value
+    _assert_nothing_published(tmp_path / "team", _flip(body, 5 * MiB + 1))
+    proxy.corrupt.clear()
+    cache = _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
+    assert (cache.layout.blobs / hashlib.sha256(body).hexdigest()).read_bytes() == body
 
 
 # -- gs:// ----------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import pytest
 from slurm_bt.errors import IntegrityError
 from slurm_bt.weights.download import DownloadOptions, fetch_file, hash_remote_file
 from slurm_bt.weights.manifest import ManifestFile
-from slurm_bt.weights.sources import checksums
+from slurm_bt.weights.sources import TransportOptions, checksums
 from slurm_bt.weights.sources.base import Listing, RemoteFile
 from slurm_bt.weights.sources.checksums import (
     OriginChecksum,
@@ -237,11 +237,12 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
     md5 = hashlib.md5(b"small", usedforsecurity=False).hexdigest()
     crc = zlib.crc32(b"big").to_bytes(4, "big")
 
-    def listing(endpoints: SourceEndpoints, heads: list[dict[str, object]], *,
-                check_params: bool = True) -> dict[str, RemoteFile]:
+    def listing(endpoints: SourceEndpoints, heads: list[dict[str, object]], *, check_params: bool = True,
+                multi_head: dict[str, object] | None = None) -> dict[str, RemoteFile]:
+        multi_head = multi_head or {}
         src = S3Source(SourceUri("s3", "bkt", "m"), credentials=SourceCredentials(aws_access_key_id="a",
                        aws_secret_access_key="b"), endpoints=endpoints,
-                       options=OPTS.transport)
+                       options=TransportOptions(max_connections=1))  # HEADs in listing order
         with Stubber(src._meta) as stub:
             stub.add_response("list_objects_v2", {"Contents": [
                 {"Key": "m/small.json", "Size": 5, "ETag": f'"{md5}"'},
@@ -249,6 +250,9 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
                 {"Key": "m/big.bin", "Size": 100 * MiB, "ETag": f'"{md5}"', "ChecksumAlgorithm": ["CRC32"]},
                 {"Key": "m/small-crc.bin", "Size": 10, "ETag": f'"{md5}"', "ChecksumAlgorithm": ["CRC32"]},
             ], "IsTruncated": False}, {"Bucket": "bkt", "Prefix": "m/"})
+            # multi.bin: multipart and nothing listed; the store may still keep a full-object checksum
+            stub.add_response("head_object", multi_head, {"Bucket": "bkt", "Key": "m/multi.bin",
+                                                          "ChecksumMode": "ENABLED", "IfMatch": f'"{md5}-3"'})
             for head in heads:
                 stub.add_response("head_object", head, {"Bucket": "bkt", "Key": "m/big.bin", "ChecksumMode": "ENABLED",
                                                         "IfMatch": f'"{md5}"'} if check_params else None)
@@ -261,6 +265,9 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
     etag = OriginChecksum("md5", md5, "ETag", maybe_not_content_hash=True)
     assert files["small.json"].checksums == (etag,)
     assert files["multi.bin"].checksums == ()
+    full: dict[str, object] = {"ChecksumCRC32": base64.b64encode(crc).decode(), "ChecksumType": "FULL_OBJECT"}
+    files = listing(ep, [full], multi_head=full)
+    assert files["multi.bin"].checksums == (OriginChecksum("crc32", crc.hex(), "x-amz-checksum-crc32"),)
     assert files["big.bin"].checksums == (OriginChecksum("crc32", crc.hex(), "x-amz-checksum-crc32"), etag)
     assert pick_check(files["big.bin"].checksums).kind == "crc32"  # type: ignore[union-attr]
     assert files["small-crc.bin"].checksums == (etag,)  # small and MD5 ETag: no HEAD for a CRC

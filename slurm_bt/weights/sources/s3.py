@@ -184,7 +184,8 @@ class S3Source:
         (free with the listing) and, from one HEAD, full-object SHA256/CRC32/CRC32C when the listing
         says the object has them. The HEAD is made when it buys something: always for SHA256 (no
         sha256 to compute), for a CRC only when there is no MD5 ETag (multipart) or the object is big
-        enough that checking a CRC instead of an MD5 saves real CPU (``_HEAD_MIN_SIZE``).
+        enough that checking a CRC instead of an MD5 saves real CPU (``_HEAD_MIN_SIZE``), and for a
+        multipart object whose listing names no algorithm (the store may not list them).
         """
         prefix = self.uri.prefix
         pages = self._meta.get_paginator("list_objects_v2").paginate(
@@ -203,8 +204,13 @@ class S3Source:
                                           "(empty, '.' or '..' segment, or control character)")
                     size, etag = int(obj["Size"]), obj.get("ETag")
                     algos = set(obj.get("ChecksumAlgorithm", []))
-                    head = "SHA256" in algos or (bool(algos & {"CRC32", "CRC32C"}) and (
-                        not self._etag_check(etag) or size >= _HEAD_MIN_SIZE))
+                    multipart = bool(etag) and "-" in str(etag)
+                    head = ("SHA256" in algos
+                            or (bool(algos & {"CRC32", "CRC32C"}) and (not self._etag_check(etag)
+                                                                      or size >= _HEAD_MIN_SIZE))
+                            # Some stores keep full-object checksums but do not list them (SeaweedFS);
+                            # a multipart object has nothing else that covers its content.
+                            or (multipart and not algos))
                     found.append((path, key, size, etag, head))
         except SourceError:
             raise
