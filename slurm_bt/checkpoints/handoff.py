@@ -37,6 +37,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,8 +150,8 @@ def _resume_one(data_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def resume_handoffs(*, root: Path | None = None, node: str | None = None, timeout_s: float | None = None,
-                    keep: bool = False, retry_quarantined: bool = False,
-                    policy: HandoffPolicy | None = None) -> list[HandoffOutcome]:
+                    keep: bool = False, retry_quarantined: bool = False, policy: HandoffPolicy | None = None,
+                    on_outcome: Callable[[HandoffOutcome], None] | None = None) -> list[HandoffOutcome]:
     """Upload and remove every hand-off entry under ``root`` (default: this node's hand-off area),
     then apply the age and per-user size bounds.
 
@@ -161,18 +162,21 @@ def resume_handoffs(*, root: Path | None = None, node: str | None = None, timeou
         keep: leave entries in place after a successful upload (debugging).
         retry_quarantined: also retry quarantined entries (an admin, after fixing their cause).
         policy: the ``[handoff]`` bounds (default: hooks.toml's).
+        on_outcome: called with each outcome as soon as it is known (the sweep logs it then, so a
+            long upload of one entry does not hide what happened to the others).
     """
     policy = policy or handoff_policy()
     if root is None:
         root = Path(handoff_root(load_site_settings().storage.model_dump(), node))
-    outcomes: list[HandoffOutcome] = []
+    outcomes = _Outcomes(on_outcome)
     try:
         root_fd = os.open(root, _DIR_FLAGS)
     except OSError:
         return outcomes
     try:
         if os.geteuid() == 0 and os.fstat(root_fd).st_uid != 0:
-            return [HandoffOutcome(".", "skipped", f"{root} is not root-owned: not touched")]
+            outcomes.append(HandoffOutcome(".", "skipped", f"{root} is not root-owned: not touched"))
+            return outcomes
         for name in sorted(os.listdir(root_fd)):
             with _locked(root_fd, name) as lock_fd:
                 if lock_fd is None:
@@ -182,10 +186,23 @@ def resume_handoffs(*, root: Path | None = None, node: str | None = None, timeou
                     continue
                 outcomes.append(_resume_entry(root, root_fd, name, lock_fd, timeout_s or policy.child_timeout_s,
                                               keep, retry_quarantined, policy))
-        outcomes += _enforce_bounds(root_fd, policy, keep)
+        _enforce_bounds(root_fd, policy, keep, outcomes)
     finally:
         os.close(root_fd)
     return outcomes
+
+
+class _Outcomes(list[HandoffOutcome]):
+    """The outcomes so far; each is also passed to ``on_outcome`` as it is added."""
+
+    def __init__(self, on_outcome: Callable[[HandoffOutcome], None] | None) -> None:
+        super().__init__()
+        self._on_outcome = on_outcome
+
+    def append(self, outcome: HandoffOutcome) -> None:
+        super().append(outcome)
+        if self._on_outcome is not None:
+            self._on_outcome(outcome)
 
 
 class _locked:
@@ -320,12 +337,11 @@ def _disk_usage(root_fd: int, name: str, deadline: float) -> int:
     return total
 
 
-def _enforce_bounds(root_fd: int, policy: HandoffPolicy, keep: bool) -> list[HandoffOutcome]:
+def _enforce_bounds(root_fd: int, policy: HandoffPolicy, keep: bool, outcomes: list[HandoffOutcome]) -> None:
     """Remove entries older than ``max_age_s`` and, per user, the oldest beyond ``max_bytes_per_user``."""
     if keep:
-        return []
+        return
     now = time.time()
-    outcomes: list[HandoffOutcome] = []
     per_user: dict[int, list[tuple[float, str, int]]] = {}
     for name in sorted(os.listdir(root_fd)):
         with _locked(root_fd, name) as lock_fd:
@@ -362,7 +378,6 @@ def _enforce_bounds(root_fd: int, policy: HandoffPolicy, keep: bool) -> list[Han
                                            f"{used} bytes with this one, more than the {policy.max_bytes_per_user} "
                                            f"allowed (max_bytes_per_user){left}"))
             used -= size
-    return outcomes
 
 
 def quarantined_handoffs(storage: dict[str, str], node: str | None) -> list[QuarantinedEntry]:
@@ -448,11 +463,14 @@ def main(argv: list[str] | None = None) -> int:
         from slurm_bt.hooks.config import load_hook_settings
 
         policy = load_hook_settings(args.config).handoff
-    outcomes = resume_handoffs(root=args.root, node=args.node, policy=policy, retry_quarantined=args.retry_quarantined)
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    for o in outcomes:
+
+    def log(o: HandoffOutcome) -> None:
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         print(f"{stamp} slurm-bt resume-handoffs node={args.node or '-'} entry={o.entry} {o.status}: {o.message}",
               flush=True)
+
+    outcomes = resume_handoffs(root=args.root, node=args.node, policy=policy, retry_quarantined=args.retry_quarantined,
+                               on_outcome=log)
     return 1 if any(o.status in ("failed", "quarantined") for o in outcomes) else 0
 
 

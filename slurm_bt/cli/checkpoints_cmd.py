@@ -137,13 +137,12 @@ def resume_handoffs_command(root: Path | None, node: str | None, keep: bool, ret
         if root is None and node is None and "%n" in load_site_settings().storage.scratch:
             raise UserError("slurm-bt", [Problem("--node", "the site's scratch root uses %n: name the node "
                                                  "whose hand-offs to resume (--node NAME)")])
-        outcomes = resume_handoffs(root=root, node=node, keep=keep, retry_quarantined=retry_quarantined)
+        outcomes = resume_handoffs(root=root, node=node, keep=keep, retry_quarantined=retry_quarantined,
+                                   on_outcome=None if fmt == "json" else
+                                   lambda o: click.echo(f"{o.entry}: {o.status}: {o.message}"))
         if fmt == "json":
             click.echo(json.dumps([o.__dict__ for o in outcomes], indent=2))
-        else:
-            for o in outcomes:
-                click.echo(f"{o.entry}: {o.status}: {o.message}")
-            if not outcomes:
-                click.echo("no hand-offs")
+        elif not outcomes:
+            click.echo("no hand-offs")
         if any(o.status in ("failed", "quarantined") for o in outcomes):
             raise SystemExit(1)
