@@ -119,7 +119,9 @@ def _side_executor() -> ThreadPoolExecutor:
     global _side_pool
     with _side_lock:
         if _side_pool is None:
-            _side_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="bt-sidehash")
+            # One side hash per file being hashed at a time; tasks never wait on anything, so a full
+            # pool only delays them (no deadlock), and more workers than cores would not help.
+            _side_pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="bt-sidehash")
         return _side_pool
 
 
