@@ -15,6 +15,13 @@ Reference semantics:
   has one (jobs ordered by Slurm job id, newest first), as upstream documents it;
 * both: the job, checked to belong to the project.
 
+Trust (docs/checkpoints.md §Trust model): an index is accepted only if it describes the very
+``<project>/<job>`` it was read from and, in a ``file://`` store, only from a job directory owned by
+the user the index names (:func:`read_trusted_index`); the store itself refuses project directories
+that are not a team directory of the reader's (:class:`~slurm_bt.checkpoints.store.FileStore`). A
+squatted project or a planted job directory fails the submission naming the directory, never
+resolves to someone else's bytes.
+
 The pinned form is the upstream dump plus a ``resolved`` key, so the spec stays readable and
 ``slurm_bt.job_spec`` needs no new model.
 """
@@ -28,13 +35,13 @@ from typing import Any
 
 from slurm_bt.checkpoints.index import CheckpointView, JobIndex
 from slurm_bt.checkpoints.layout import parse_store_uri, valid_checkpoint_name
-from slurm_bt.checkpoints.store import CheckpointStore, credentials_for, open_store
+from slurm_bt.checkpoints.store import CheckpointStore, FileStore, UntrustedLocation, credentials_for, open_store
 from slurm_bt.checkpoints.upload import read_job_index
 from slurm_bt.errors import ConfigError, Problem, StorageError
 from slurm_bt.job_spec import JobSpec, LoadCheckpointSpec, slugify
 from slurm_bt.site_settings import expand_path
 
-__all__ = ["find_job", "open_user_store", "resolve_load_checkpoints", "safe_relpath"]
+__all__ = ["find_job", "open_user_store", "read_trusted_index", "resolve_load_checkpoints", "safe_relpath"]
 
 LOC = "job.runtime.load_checkpoint_config.checkpoints"
 
@@ -54,23 +61,71 @@ def open_user_store(storage: dict[str, str]) -> CheckpointStore:
     return open_store(uri, credentials=credentials_for(uri, secrets))
 
 
+def read_trusted_index(store: CheckpointStore, project_id: str, job_id: str) -> JobIndex | None:
+    """A job's index (None when it has none), accepted only from where it belongs.
+
+    Why: in a shared ``file://`` store anybody who can write a directory can write an index naming
+    any user. So the index must name the ``<project>/<job>`` it was read from (not a copy of
+    someone's index), and in a ``file://`` store the job directory must belong to the user the index
+    names: only that user can create files in it (``2750``), so its content is theirs.
+
+    Raises:
+        UntrustedLocation: the index does not belong where it was found (the message names the
+            directory and the fix), or the store refused the directory itself.
+    """
+    index = read_job_index(store, project_id, job_id)
+    if index is None:
+        return None
+    where = f"{store.uri.display()}/{project_id}/{job_id}"
+    if index.project_id != project_id or index.job_id != job_id:
+        raise UntrustedLocation(where, f"holds the index of {index.project_id}/{index.job_id} (copied or forged); "
+                                "refusing to load from it")
+    if isinstance(store, FileStore):
+        owner = store.job_owner(project_id, job_id)
+        try:
+            named: int | None = pwd.getpwnam(index.user).pw_uid
+        except KeyError:
+            named = None
+        if owner is None or named != owner:
+            try:
+                who = pwd.getpwuid(owner).pw_name if owner is not None else "nobody"
+            except KeyError:
+                who = f"uid {owner}"
+            raise UntrustedLocation(where, f"its index names user {index.user!r} but the job directory belongs to "
+                                    f"{who}: a forged or copied index, refusing to load it (an admin must remove "
+                                    f"it: rm -rf {store.root / project_id / job_id})")
+    return index
+
+
 def find_job(store: CheckpointStore, job_id: str, *, project_id: str | None = None,
              workspace: str | None = None) -> JobIndex | None:
-    """A job's index, searching the given project, the user's own submission record, then all projects."""
+    """A job's index, searching the given project, the user's own submission record, then all projects.
+
+    Raises:
+        UntrustedLocation: the job was found only where it does not belong (:func:`read_trusted_index`);
+            in the search over all projects a trusted match elsewhere wins.
+    """
     if project_id is not None:
-        return read_job_index(store, project_id, job_id)
+        return read_trusted_index(store, project_id, job_id)
     if workspace is not None:
         from slurm_bt.records import read_record
 
         record = read_record(Path(workspace), job_id)
         if record is not None:
-            found = read_job_index(store, record.project_id, job_id)
+            found = read_trusted_index(store, record.project_id, job_id)
             if found is not None:
                 return found
+    refused: UntrustedLocation | None = None
     for project in store.list_dirs(""):
-        found = read_job_index(store, project, job_id)
+        try:
+            found = read_trusted_index(store, project, job_id)
+        except UntrustedLocation as exc:
+            refused = refused or exc
+            continue
         if found is not None:
             return found
+    if refused is not None:
+        raise refused
     return None
 
 
@@ -126,7 +181,7 @@ def _resolve_one(store: CheckpointStore, ref: dict[str, Any], workspace: str | N
     if not jobs:
         raise LookupError(f"project {project_name!r} has no checkpoints in {where} (or they are not readable by you)")
     for job in jobs:
-        index = read_job_index(store, project_id, job)
+        index = read_trusted_index(store, project_id, job)
         if index is not None and (latest := index.latest()) is not None:
             return index, latest
     raise LookupError(f"no job of project {project_name!r} has a complete checkpoint yet")
@@ -154,7 +209,7 @@ def resolve_load_checkpoints(spec: JobSpec, *, workspace: str | None = None,
             loc = f"{LOC}[{i}]"
             try:
                 index, view = _resolve_one(store, dict(ref), workspace)
-            except LookupError as exc:
+            except (LookupError, UntrustedLocation) as exc:  # a squat or a planted index: this reference fails
                 problems.append(Problem(loc, str(exc)))
                 continue
             bad = [f.path for files in view.ranks.values() for f in files if not safe_relpath(f.path)]

@@ -18,6 +18,7 @@ bucket policy enforces it; ``?service_credentials=FILE`` is honoured only for ro
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import grp
 import hashlib
@@ -25,6 +26,7 @@ import json
 import os
 import pwd
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -32,12 +34,15 @@ from typing import Protocol
 from slurm_bt.atomic import atomic_output
 from slurm_bt.checkpoints.layout import StoreUri, parse_store_uri
 from slurm_bt.errors import StorageError
+from slurm_bt.trusted_files import describe_owner, is_team_dir
 
 __all__ = [
     "CHUNK_BYTES",
+    "SMALL_OBJECT_MAX_BYTES",
     "CheckpointStore",
     "FileStore",
     "StoreCredentials",
+    "UntrustedLocation",
     "UploadResult",
     "credentials_for",
     "open_store",
@@ -147,27 +152,89 @@ def team_gid(account: str | None) -> int:
     return pw.pw_gid
 
 
+class UntrustedLocation(StorageError):
+    """A directory or file of a ``file://`` store is not what slurm-bt would have made for this job.
+
+    Raised instead of using it (docs/checkpoints.md §Trust model): a project directory another team
+    created first (a squat), a job directory of another user, a symlink, FIFO or device anywhere
+    below the store root. The message names the path and the fix.
+    """
+
+
+_DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ENTRY_PATH = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+SMALL_OBJECT_MAX_BYTES = 64 << 20
+"""Largest index (``read_bytes``) read from a ``file://`` store: far above any real index."""
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _readable_project(st: os.stat_result) -> bool:
+    """The read rule for a project directory: a team directory (:func:`is_team_dir`) of a team the caller is in.
+
+    Root reads any team's (it can anyway); everybody else only their own teams', so a directory
+    another user made under a project name never feeds their loads.
+    """
+    mine = os.geteuid() == 0 or st.st_gid == os.getegid() or st.st_gid in os.getgroups()
+    return mine and is_team_dir(st, st.st_gid)
+
+
 class FileStore:
     """A checkpoint store in a shared directory.
 
-    Permissions (the trust model for ``file://``): the store root is admin-made (``1777`` like
-    ``/tmp``, or ``0755`` with pre-created project directories). A project directory is created
-    ``2770`` with the team group (:func:`team_gid`), so teammates can add jobs and nobody else can
-    even list it; job directories and everything below are ``2750`` / ``0640``: the team reads, only
-    the job's user writes.
+    Permissions (the trust model for ``file://``, docs/checkpoints.md): the store root is admin-made
+    (``1777`` like ``/tmp``, or ``0755`` with pre-created project directories). A project directory
+    is created ``2770`` with the team group (:func:`team_gid`), so teammates can add jobs and nobody
+    else can even list it; job directories and everything below are ``2750`` / ``0640``: the team
+    reads, only the job's user writes.
+
+    Trust (why every access walks the path itself): the root is world-writable, so any user can
+    create a directory under any project name first, and teammates can rename job directories. So
+    each access opens the path one component at a time from the root, never following a symlink
+    (``O_NOFOLLOW`` relative to the parent's descriptor, so nothing can be swapped in between), and
+    uses a component only if it is exactly what slurm-bt would have created:
+
+    * project directory: the team-directory rule of the team weights tier
+      (:func:`slurm_bt.trusted_files.is_team_dir`): for writes, of this job's team group; for reads,
+      of a team the reader belongs to;
+    * job directory and everything below: owned by one user (for writes, the caller) and writable by
+      nobody else; a file must be a regular file of that same user (never a FIFO, device or link).
+
+    Anything else raises :class:`UntrustedLocation` naming the path and the fix; nothing is ever
+    written into, or read from, such a place. Whose the job is (the index's ``user`` must own the
+    job directory) is checked by the reader (:mod:`.resolve`) through :meth:`job_owner`.
     """
 
     def __init__(self, uri: StoreUri, *, gid: int | None = None) -> None:
-        """Open the store at ``uri.prefix``; creates the root (``1777``) when it is missing."""
+        """Open the store at ``uri.prefix``; creates the root (``1777``) on the first write when missing."""
         self.uri = uri
         self.root = Path(uri.prefix)
         self._gid = gid
 
-    def _path(self, key: str) -> Path:
+    def _parts(self, key: str) -> list[str]:
         parts = [p for p in key.split("/") if p]
-        if any(p in (".", "..") for p in parts):
+        if any(p in (".", "..") or "\0" in p for p in parts):
             raise StorageError(key, "invalid key")
-        return self.root.joinpath(*parts)
+        return parts
+
+    def _path(self, key: str) -> Path:
+        return self.root.joinpath(*self._parts(key))
+
+    def _write_gid(self) -> int:
+        """The team group this process writes projects for (without one: its own group)."""
+        return self._gid if self._gid is not None else os.getegid()
 
     def _ensure_root(self) -> None:
         if self.root.is_dir():
@@ -180,63 +247,248 @@ class FileStore:
         except OSError as exc:
             raise StorageError(str(self.root), f"cannot create the checkpoint store: {exc.strerror}") from exc
 
-    def _make_dirs(self, path: Path) -> None:
-        """Create ``path``'s missing directories below the root with the documented modes."""
-        rel = path.relative_to(self.root).parts
-        self._ensure_root()
-        cur = self.root
-        for depth, part in enumerate(rel):
-            cur = cur / part
-            try:
-                os.mkdir(cur, 0o700)
-            except FileExistsError:
-                st = os.lstat(cur)
-                if not stat.S_ISDIR(st.st_mode):
-                    raise StorageError(str(cur), "exists and is not a directory") from None
-                continue
-            except PermissionError as exc:
-                raise StorageError(str(cur), "permission denied: the project belongs to another team, "
-                                   "or the store root is not writable") from exc
-            mode = 0o2770 if depth == 0 else 0o2750
-            if self._gid is not None:
+    def _open_root(self, *, create: bool) -> int:
+        """An ``O_PATH`` descriptor of the store root, after checking nobody but root (or us) controls it.
+
+        The root's path is the admin's (site file); a symlink there is followed only if root owns it
+        (``/shared -> /lustre/shared``), not one a user planted in a world-writable parent. A root
+        owned by another user, or writable by others without the sticky bit, lets its owner (or
+        anyone) rename project directories away and put others in their place.
+        """
+        root = str(self.root)
+        try:
+            lst = os.lstat(root)
+        except FileNotFoundError:
+            if not create:
+                raise
+            self._ensure_root()
+            lst = os.lstat(root)
+        if stat.S_ISLNK(lst.st_mode) and lst.st_uid != 0:
+            raise UntrustedLocation(root, f"is a symlink owned by {_user_name(lst.st_uid)}, not by root; the "
+                                    f"checkpoint store root must be made by an admin: install -d -m 1777 {root}")
+        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        problem = None
+        if st.st_uid not in (0, os.geteuid()):
+            problem = "is owned by another user, not root: its owner could rename any project away"
+        elif stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
+            problem = "is writable by others without the sticky bit: anyone could rename or replace a project"
+        if problem is not None:
+            os.close(fd)
+            raise UntrustedLocation(root, f"{problem} ({describe_owner(st)}); an admin must fix it: "
+                                    f"chown root:root {root} && chmod 1777 {root}")
+        return fd
+
+    def _dir_problem(self, st: os.stat_result, depth: int, owner: int | None, *, write: bool) -> str | None:
+        """Why a directory at ``depth`` below the root must not be used (None: it is what slurm-bt makes)."""
+        if not stat.S_ISDIR(st.st_mode):
+            return "is not a directory"
+        if depth == 0:
+            if write:
+                gid = self._write_gid()
+                if is_team_dir(st, gid):
+                    return None
+                team = _group_name(gid)
+                return (f"is not a checkpoint project directory of your team group {team} ({describe_owner(st)}; "
+                        f"slurm-bt creates it as <member>:{team} 2770): another user or team created this project "
+                        "name first, so nothing is uploaded into it. Fix: an admin removes it "
+                        f"(rm -rf <dir>) or creates it for your team (install -d -m 2770 -g {team} <dir>), "
+                        "or use another TrainingProject name")
+            if _readable_project(st):
+                return None
+            return (f"is not a checkpoint project directory of a team you belong to ({describe_owner(st)}; slurm-bt "
+                    "creates it as <member>:<team group> 2770): nothing is loaded from it. If the project is "
+                    "yours, another user created the name first: an admin must remove it (rm -rf <dir>)")
+        if stat.S_IMODE(st.st_mode) & 0o022:
+            return (f"can be written by others than its owner ({describe_owner(st)}; slurm-bt creates job "
+                    "directories 2750): refusing to use it; an admin must remove it (rm -rf <dir>)")
+        want = os.geteuid() if write else owner
+        if want is not None and st.st_uid != want:
+            return (f"belongs to {_user_name(st.st_uid)}, not {_user_name(want)} ({describe_owner(st)}): refusing to "
+                    f"{'write into' if write else 'read'} another user's job directory; an admin must remove it "
+                    "(rm -rf <dir>)")
+        return None
+
+    def _step(self, parent: int, name: str, path: Path, depth: int, *, create: bool) -> int:
+        """A descriptor of ``name`` in ``parent`` (never through a symlink); created when ``create``."""
+        try:
+            return os.open(name, _DIR_PATH, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                raise
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise UntrustedLocation(str(path), "is a symlink or not a directory (never followed); an admin "
+                                        f"must remove it (rm {path})") from None
+            raise
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+        except FileExistsError:  # made meanwhile by someone else: checked like any existing one
+            return self._step(parent, name, path, depth, create=False)
+        except PermissionError as exc:
+            raise StorageError(str(path), "permission denied: the project belongs to another team, or the store "
+                               "root is not writable") from exc
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        try:
+            if depth == 0:
+                os.fchown(fd, -1, self._write_gid())
+            os.fchmod(fd, 0o2770 if depth == 0 else 0o2750)
+        except OSError:
+            pass  # the checks that follow decide whether it is usable
+        return fd
+
+    @contextlib.contextmanager
+    def _walk(self, parts: list[str], *, create: bool, write: bool) -> Iterator[tuple[int, int | None]]:
+        """A descriptor of ``root/parts`` with every component checked, and the job directory's owner.
+
+        Raises:
+            FileNotFoundError: a component is missing (and ``create`` is false).
+            UntrustedLocation: a component is not what slurm-bt would have made.
+        """
+        fd = self._open_root(create=create)
+        owner: int | None = None
+        path = self.root
+        try:
+            for depth, name in enumerate(parts):
+                path = path / name
+                child = self._step(fd, name, path, depth, create=create)
                 try:
-                    os.chown(cur, -1, self._gid)
-                except OSError:
-                    pass
-            os.chmod(cur, mode)
+                    st = os.fstat(child)
+                    problem = self._dir_problem(st, depth, owner, write=write)
+                    if problem is not None:
+                        raise UntrustedLocation(str(path), problem.replace("<dir>", str(path)))
+                except BaseException:
+                    os.close(child)
+                    raise
+                os.close(fd)
+                fd = child
+                if depth == 1:
+                    owner = st.st_uid
+            yield fd, owner
+        finally:
+            os.close(fd)
+
+    def _open_file(self, dirfd: int, name: str, path: Path, owner: int | None, *,
+                   max_bytes: int | None = None) -> int:
+        """Open a store file for reading: a regular file of the job directory's owner, never a link, FIFO or device.
+
+        ``O_PATH`` first and ``fstat``: a FIFO or device is never opened, so its driver never runs
+        and nothing blocks; then the very inode checked is reopened through ``/proc/self/fd``.
+        """
+        pfd = os.open(name, _ENTRY_PATH, dir_fd=dirfd)
+        try:
+            st = os.fstat(pfd)
+            want = os.geteuid() if owner is None else owner
+            if not stat.S_ISREG(st.st_mode):
+                raise UntrustedLocation(str(path), "is not a regular file (a symlink, FIFO or device is never read)")
+            if st.st_uid != want or stat.S_IMODE(st.st_mode) & 0o022:
+                raise UntrustedLocation(str(path), f"was not written by the job's user {_user_name(want)} "
+                                        f"({describe_owner(st)}); refusing to read it")
+            if max_bytes is not None and st.st_size > max_bytes:
+                raise UntrustedLocation(str(path), f"is {st.st_size} bytes, more than the {max_bytes} allowed")
+            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        finally:
+            os.close(pfd)
+        again = os.fstat(fd)
+        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):
+            os.close(fd)
+            raise UntrustedLocation(str(path), "changed while being opened")
+        return fd
+
+    @contextlib.contextmanager
+    def _atomic(self, dirfd: int, name: str, final: Path, mode: int) -> Iterator[int]:
+        """:func:`~slurm_bt.atomic.atomic_output` into the checked directory ``dirfd``, not a path a
+        teammate could swap meanwhile (``/proc/self/fd/N`` names the very directory we checked)."""
+        via = Path(f"/proc/self/fd/{dirfd}")
+        try:
+            with atomic_output(via / name, mode=mode) as out:
+                yield out
+        except StorageError as exc:
+            text = str(exc)
+            if text.startswith(f"{exc.uri}: "):
+                text = text[len(exc.uri) + 2:]
+            raise StorageError(str(final), text.replace(str(via), str(final.parent))) from exc
+
+    def job_owner(self, project_id: str, job_id: str) -> int | None:
+        """The uid owning the job directory (checked like any read), or None when there is none.
+
+        Raises:
+            UntrustedLocation: the project or job directory is not what slurm-bt would have made.
+        """
+        try:
+            with self._walk(self._parts(f"{project_id}/{job_id}"), create=False, write=False) as (_, owner):
+                return owner
+        except FileNotFoundError:
+            return None
+
+    def check_upload_location(self, project_id: str, job_id: str) -> None:
+        """Claim ``project_id`` for this job's team (created when missing) and check the job directory.
+
+        Called before the start commands (:mod:`slurm_bt.node.prepare`), so a squatted project name
+        fails the job at once instead of after hours of training.
+
+        Raises:
+            UntrustedLocation: the project directory is another team's or user's, or the job directory
+                (when it exists) is not this user's.
+            StorageError: the store cannot be written.
+        """
+        try:
+            with self._walk([project_id], create=True, write=True):
+                pass
+            with self._walk([project_id, job_id], create=False, write=True):
+                pass
+        except FileNotFoundError:
+            return
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise StorageError(str(self.root / project_id), exc.strerror or "cannot be checked") from exc
 
     def upload_file(self, fd: int, size: int, key: str, *, expect_sha256: str | None = None) -> UploadResult:
         """Copy ``fd`` to ``key`` (temp + fsync + rename + fsync dir), hashing what is written."""
-        final = self._path(key)
-        if expect_sha256 is not None:
-            try:
-                st = os.stat(final)
-                if st.st_size == size:
-                    with open(final, "rb") as fh:
-                        if sha256_fd(fh.fileno(), size) == expect_sha256:
-                            return UploadResult(expect_sha256, size, "local", skipped=True)
-            except OSError:
-                pass
-        self._make_dirs(final.parent)
-        h = hashlib.sha256()
-        with atomic_output(final, mode=0o640) as out:
-            offset = 0
-            while offset < size:
-                chunk = os.pread(fd, min(CHUNK_BYTES, size - offset), offset)
-                if not chunk:
-                    raise StorageError(str(final), f"source shrank while uploading (at byte {offset} of {size})")
-                h.update(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(out, view):]
-                offset += len(chunk)
+        parts = self._parts(key)
+        final = self.root.joinpath(*parts)
+        try:
+            with self._walk(parts[:-1], create=True, write=True) as (dirfd, _):
+                if expect_sha256 is not None:
+                    try:
+                        old = self._open_file(dirfd, parts[-1], final, os.geteuid())
+                    except OSError:
+                        old = -1  # absent, or an odd entry that the rename below replaces
+                    if old >= 0:
+                        try:
+                            if os.fstat(old).st_size == size and sha256_fd(old, size) == expect_sha256:
+                                return UploadResult(expect_sha256, size, "local", skipped=True)
+                        finally:
+                            os.close(old)
+                h = hashlib.sha256()
+                with self._atomic(dirfd, parts[-1], final, 0o640) as out:
+                    offset = 0
+                    while offset < size:
+                        chunk = os.pread(fd, min(CHUNK_BYTES, size - offset), offset)
+                        if not chunk:
+                            raise StorageError(str(final), "source shrank while uploading "
+                                               f"(at byte {offset} of {size})")
+                        h.update(chunk)
+                        view = memoryview(chunk)
+                        while view:
+                            view = view[os.write(out, view):]
+                        offset += len(chunk)
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise StorageError(str(final), f"cannot write: {exc.strerror}") from exc
         return UploadResult(h.hexdigest(), size, "local")
 
     def download_file(self, key: str, dest: Path, *, size: int, sha256: str) -> None:
         """Copy ``key`` to ``dest`` via a verified temp file."""
-        src = self._path(key)
+        parts = self._parts(key)
+        src = self.root.joinpath(*parts)
         try:
-            fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with self._walk(parts[:-1], create=False, write=False) as (dirfd, owner):
+                fd = self._open_file(dirfd, parts[-1], src, owner)
+        except StorageError:
+            raise
         except OSError as exc:
             raise StorageError(str(src), f"cannot read checkpoint file: {exc.strerror}") from exc
         try:
@@ -245,45 +497,98 @@ class FileStore:
             os.close(fd)
 
     def read_bytes(self, key: str) -> bytes | None:
-        """Small object content or None."""
+        """Small object content or None (absent)."""
+        parts = self._parts(key)
+        path = self.root.joinpath(*parts)
         try:
-            return self._path(key).read_bytes()
+            with self._walk(parts[:-1], create=False, write=False) as (dirfd, owner):
+                fd = self._open_file(dirfd, parts[-1], path, owner, max_bytes=SMALL_OBJECT_MAX_BYTES)
+            try:
+                data = _read_capped(fd, SMALL_OBJECT_MAX_BYTES)
+            finally:
+                os.close(fd)
+        except StorageError:
+            raise
         except FileNotFoundError:
             return None
         except OSError as exc:
             if exc.errno in (errno.EACCES, errno.EPERM):
-                raise StorageError(str(self._path(key)), "permission denied (another team's checkpoints?)") from exc
-            raise StorageError(str(self._path(key)), exc.strerror or "cannot read") from exc
+                raise StorageError(str(path), "permission denied (another team's checkpoints?)") from exc
+            raise StorageError(str(path), exc.strerror or "cannot read") from exc
+        if data is None:
+            raise UntrustedLocation(str(path), f"grew past {SMALL_OBJECT_MAX_BYTES} bytes while being read")
+        return data
 
     def write_bytes(self, key: str, data: bytes) -> None:
         """Atomic replace, readable by the team (0640)."""
-        path = self._path(key)
-        self._make_dirs(path.parent)
-        from slurm_bt.atomic import write_file_atomic
-
-        write_file_atomic(path, data, mode=0o640)
+        parts = self._parts(key)
+        path = self.root.joinpath(*parts)
+        try:
+            with self._walk(parts[:-1], create=True, write=True) as (dirfd, _), \
+                    self._atomic(dirfd, parts[-1], path, 0o640) as out:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(out, view):]
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise StorageError(str(path), f"cannot write: {exc.strerror}") from exc
 
     def list_dirs(self, prefix: str) -> list[str]:
-        """Immediate subdirectories (unreadable ones, i.e. other teams' projects, are left out)."""
+        """Immediate subdirectories (symlinks and, at the top, projects not of your teams are left out).
+
+        Raises:
+            UntrustedLocation: ``prefix`` itself is not what slurm-bt would have made (a squatted project).
+        """
+        parts = self._parts(prefix)
         try:
-            return sorted(e.name for e in os.scandir(self._path(prefix)) if e.is_dir(follow_symlinks=False))
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            with self._walk(parts, create=False, write=False) as (dirfd, _):
+                rfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+                try:
+                    with os.scandir(rfd) as it:
+                        names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+                    if not parts:  # the projects: only those of a team the caller is in
+                        names = [n for n in names if _readable_project(os.stat(n, dir_fd=rfd, follow_symlinks=False))]
+                finally:
+                    os.close(rfd)
+        except StorageError:
+            raise
+        except OSError:  # absent, or not readable by you
             return []
+        return sorted(names)
 
     def close(self) -> None:
         """Nothing to release."""
 
 
+def _read_capped(fd: int, max_bytes: int) -> bytes | None:
+    """All of ``fd`` (None when it holds more than ``max_bytes``: it grew after the ``fstat``)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > max_bytes:
+            return None
+        chunks.append(chunk)
+
+
 def _copy_verified(fd: int, dest: Path, *, size: int, sha256: str, uri: str) -> None:
-    """Copy an open file to ``dest``: sha256 while copying, verified before it is published."""
+    """Copy an open file to ``dest``: sha256 while copying, verified before it is published.
+
+    At most ``size + 1`` bytes are read: a store file larger than its index says is refused without
+    copying all of it onto the node.
+    """
     from slurm_bt.errors import IntegrityError
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
     with atomic_output(dest, mode=0o640) as out:
         offset = 0
-        while True:
-            chunk = os.pread(fd, CHUNK_BYTES, offset)
+        while offset <= size:
+            chunk = os.pread(fd, min(CHUNK_BYTES, size + 1 - offset), offset)
             if not chunk:
                 break
             h.update(chunk)
@@ -294,6 +599,7 @@ def _copy_verified(fd: int, dest: Path, *, size: int, sha256: str, uri: str) -> 
         if offset != size or h.hexdigest() != sha256:
             raise IntegrityError(uri, "checkpoint file does not match the index", file=dest.name,
                                  expected=f"{sha256} ({size} bytes)", actual=f"{h.hexdigest()} ({offset} bytes)")
+
 
 def credentials_for(uri: StoreUri, secret_store_root: str | None) -> StoreCredentials | None:
     """The credentials the *current process* may use for ``uri``.
