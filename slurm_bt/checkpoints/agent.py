@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from slurm_bt.checkpoints.flush import build_uploader, write_state
+from slurm_bt.checkpoints.flush import build_uploader, prolog_team, write_state
 from slurm_bt.checkpoints.layout import host_checkpoint_dir, is_shared_fs
 from slurm_bt.checkpoints.upload import DeadlineExceeded
 from slurm_bt.errors import BtError
@@ -37,20 +37,6 @@ __all__ = ["finish_path", "main"]
 def finish_path(spec: JobSpec, job_id: str) -> Path:
     """The file whose appearance tells every node's uploader that the start commands have ended."""
     return Path(spec.context.job_dir) / f"checkpoints.finish.{job_id}"
-
-
-def _prolog_team(node: str | None, job_id: str) -> str | None:
-    """The team group the root prolog resolved for this job (docs/admin.md §Teams), if it ran."""
-    if not node:
-        return None
-    try:
-        from slurm_bt.hooks.status import read_hook_state
-
-        record = read_hook_state(node, job_id).record or {}
-    except (ImportError, OSError, ValueError):
-        return None
-    team = record.get("team")
-    return team if isinstance(team, str) and team else None
 
 
 def _log(message: str) -> None:
@@ -84,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         write_state(ckpt_dir, spec_path=args[0], job_id=job_id, rank=rank, node=node)
         uploader = build_uploader(spec, job_id=job_id, rank=rank, checkpoint_dir=ckpt_dir,
-                                  account=_prolog_team(node, job_id) or env.get("SLURM_JOB_ACCOUNT"))
+                                  account=prolog_team(node, job_id) or env.get("SLURM_JOB_ACCOUNT"))
     except (BtError, OSError, ValueError, KeyError) as exc:
         _log(f"cannot start: {exc}")
         return 1

@@ -60,6 +60,7 @@ _RECORD_MAX_BYTES = 65536
 _EMPTY_ENTRY_AGE_S = 3600.0
 _REMOVE_BUDGET_S = 120.0
 _MEASURE_BUDGET_S = 30.0
+_MEASURE_MAX_NAMES = 100_000  # per directory; beyond it the size is a lower bound (and still charged)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -312,8 +313,11 @@ def _disk_usage(root_fd: int, name: str, deadline: float) -> int:
         while stack and time.monotonic() < deadline:
             dfd = stack.pop()
             try:
-                names = os.listdir(dfd)
-                for child in names:
+                with os.scandir(dfd) as it:  # an iterator: a directory of millions of names is never one list
+                    children = [e.name for e, _ in zip(it, range(_MEASURE_MAX_NAMES), strict=False)]
+                for child in children:
+                    if time.monotonic() >= deadline:
+                        break
                     try:
                         st = os.stat(child, dir_fd=dfd, follow_symlinks=False)
                     except OSError:
