@@ -54,6 +54,7 @@ __all__ = [
     "PinnedFile",
     "SourcePin",
     "WeightsPlan",
+    "caller_team_gid",
     "cluster_tiers",
     "default_account",
     "job_manifest_path",
@@ -221,11 +222,35 @@ def team_slug(group: str) -> str:
     return slug[:64]
 
 
-def cluster_tiers(base: str, team: str, *, dir_mode: int = 0o2770) -> tuple[ClusterCache, ClusterCache]:
-    """(team tier, shared tier) under the cluster-cache base."""
-    from slurm_bt.weights.cluster_cache import ClusterCache
+def caller_team_gid(team: str) -> int | None:
+    """The gid of the calling user's group whose slug is ``team``, or None when they have none."""
+    for gid in (os.getgid(), *os.getgroups()):
+        try:
+            name = grp.getgrgid(gid).gr_name
+        except KeyError:
+            continue
+        if team_slug(name) == team:
+            return gid
+    return None
 
-    return (ClusterCache.for_team(Path(base), team, dir_mode=dir_mode), ClusterCache.shared(Path(base)))
+
+def cluster_tiers(base: str, team: str, *, dir_mode: int = 0o2770) -> tuple[ClusterCache, ClusterCache]:
+    """(team tier, shared tier) under the cluster-cache base, as the calling user may trust them.
+
+    A team directory that is not the team's (``cluster_cache.team_tier_problem``: a squat) or a
+    shared tier not made by root comes back ``refused``: it holds no entries, so a squatter's
+    planted marker can neither skip the staging job (whose root prolog then sidesteps the squat)
+    nor be served.
+    """
+    from slurm_bt.weights.cluster_cache import ClusterCache, team_tier_problem
+
+    tier = ClusterCache.for_team(Path(base), team, dir_mode=dir_mode)
+    gid = caller_team_gid(team)
+    problem = team_tier_problem(tier.root, gid) if gid is not None else None
+    if problem is not None:
+        tier.refused = (f"team cache directory {tier.root} {problem}; refusing to use it (an admin must remove it: "
+                        f"rm -rf {tier.root})")
+    return tier, ClusterCache.shared(Path(base))
 
 
 def _trusted_owner(st: os.stat_result) -> bool:

@@ -170,11 +170,11 @@ def team_gid(team: str) -> int:
     Raises:
         StorageError: the caller is in no such group (the team tier would not be theirs).
     """
-    from slurm_bt.weights.plan import team_slug
+    from slurm_bt.weights.plan import caller_team_gid
 
-    for gid in (os.getgid(), *os.getgroups()):
-        if team_slug(_group_name(gid)) == team:
-            return gid
+    gid = caller_team_gid(team)
+    if gid is not None:
+        return gid
     raise StorageError(team, f"you are not a member of a Unix group for team {team!r}; the team cache "
                        "belongs to that group")
 

@@ -171,7 +171,10 @@ def test_hf_model_and_s3_dataset_read_only_at_mount_locations(dev_cluster: dict[
     tiers_first = [e["tier"] for e in w["nodes"][node]]
     # the root prolog copied both from the cluster cache into the node cache
     assert tiers_first == ["cluster-hit", "cluster-hit"], w
-    assert all(e["path"].startswith(f"{_node_root(node)}/snapshots/") for e in w["nodes"][node]), w
+    # the public hf:// source is shared on the node; the credentialed s3:// one is in the team's private subtree
+    hf_entry, s3_entry = w["nodes"][node]
+    assert hf_entry["path"].startswith(f"{_node_root(node)}/snapshots/"), w
+    assert s3_entry["path"].startswith(f"{_node_root(node)}/private/"), w
     assert status["weights"] == w, status  # status --json carries the same view
     # the epilog released the first job's leases and removed its links (hook points really ran)
     root = _node_root(node)
