@@ -22,6 +22,7 @@ import errno
 import json
 import os
 import pwd
+import stat
 import sys
 import time
 from collections.abc import Mapping
@@ -302,8 +303,6 @@ def _open_beneath(root: Path, parts: list[str]) -> int:
 
 def ensure_handoff_root(path: Path) -> int:
     """Create (or adopt, if root-owned and a real directory) the hand-off area; returns its fd (0711)."""
-    import stat
-
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(path, 0o711)
@@ -346,7 +345,10 @@ def _handoff(env: Mapping[str, str], job_id: str, node: str | None, uid: int, gi
             try:
                 parent_fd = _open_beneath(src.parents[2], [src.parent.parent.name, src.parent.name])
                 try:
-                    if not os.path.lexists(f"{hroot}/{entry_name}/data"):
+                    kind = os.stat(src.name, dir_fd=parent_fd, follow_symlinks=False).st_mode
+                    # Only a real directory is handed off: a symlink the job left there would make
+                    # every later sweep read wherever it points.
+                    if stat.S_ISDIR(kind) and not os.path.lexists(f"{hroot}/{entry_name}/data"):
                         os.rename(src.name, "data", src_dir_fd=parent_fd, dst_dir_fd=efd)
                         moved = True
                 finally:

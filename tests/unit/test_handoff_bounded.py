@@ -329,6 +329,20 @@ def test_checkpoint_file_swapped_after_the_scan_fails_fast(tmp_path: Path, monke
     assert result.status == "handed-off" and "not a regular file" in result.message, result
 
 
+@root_only
+def test_a_symlinked_checkpoint_dir_is_never_moved_into_the_hand_off_area(tmp_path: Path) -> None:
+    site, _, ckpt, env = _job(tmp_path, "906")
+    real = tmp_path / "elsewhere"
+    ckpt.rename(real)
+    os.symlink(real, ckpt)  # the job replaced its checkpoint directory with a symlink
+    (tmp_path / "job-906.json").unlink()
+    os.mkfifo(tmp_path / "job-906.json")
+    result = flush_job_checkpoints(env, 30, site=site)
+    entry = tmp_path / "node/n1/checkpoint-handoff/906.n1"
+    assert not (entry / "data").exists() and ckpt.is_symlink(), result
+    assert (real / "checkpoint-1" / "w.bin").is_file()
+
+
 def _entry(area: Path, name: str, uid: int, created: float, size: int) -> None:
     (area / name / "data").mkdir(parents=True)
     (area / name / "data" / "blob").write_bytes(os.urandom(size))
