@@ -140,11 +140,12 @@ def _run(source: str, auth: str = "") -> tuple[str, dict[str, Any], str]:
     return job_id, record, logs
 
 
-def _assert_refused(job_id: str, record: dict[str, Any], file: str, expected: str, where: str) -> str:
-    # The training job never ran. (Its status is TRAINING_JOB_DEPLOY_FAILED, or TRAINING_JOB_STOPPED when
-    # sacct already lost the "Dependency" reason of the cancellation: not what this test is about.)
-    assert record["staging_state"] == "FAILED" and record["started_at"] is None, record
+def _assert_refused(job_id: str, record: dict[str, Any], logs: str, file: str, expected: str, where: str) -> str:
+    # The training job never ran its start command. (Its status is TRAINING_JOB_DEPLOY_FAILED, or
+    # TRAINING_JOB_STOPPED when sacct no longer shows the "Dependency" reason of the cancellation.)
+    assert record["staging_state"] == "FAILED", record
     assert str(record["current_status"]) in ("TRAINING_JOB_DEPLOY_FAILED", "TRAINING_JOB_STOPPED"), record
+    assert "PROBE" not in logs, logs
     text = _staging_log(record)
     line = next((ln for ln in text.splitlines() if "slurm-bt staging failed" in ln), "")
     assert f"file '{file}'" in line and expected in line and where in line and "not published" in line, text
@@ -157,13 +158,14 @@ def _assert_refused(job_id: str, record: dict[str, Any], file: str, expected: st
 def test_hf_non_lfs_file_corrupted_in_transit_is_never_cached(site_env: None, fake_hub: FakeHub) -> None:
     with attack("hf:// non-LFS body corrupted in transit"):
         tag = uuid.uuid4().hex[:8]
-        config = json.dumps({"hidden": 16, "pad": "p" * 500}).encode()
+        # Unique content per run: blobs are content-addressed, so the assertion below is about this run.
+        config = json.dumps({"hidden": 16, "run": tag, "pad": "p" * 500}).encode()
         model = random.Random(tag).randbytes(MiB + 3)
         repo = f"Org/Verify-{tag}"
         fake_hub.add_repo(repo, {"config.json": config, "model.safetensors": model})
         with fake_hub.faults(Faults(paths={"config.json"}, corrupt_offset=100, times=-1)):
-            job_id, record, _ = _run(f"hf://{repo}")
-        line = _assert_refused(job_id, record, "config.json", git_blob_sha1(config), "git blob id")
+            job_id, record, logs = _run(f"hf://{repo}")
+        line = _assert_refused(job_id, record, logs, "config.json", git_blob_sha1(config), "git blob id")
         print(f"\nrefused: {line}")
         bad = config[:100] + bytes([config[100] ^ 0xFF]) + config[101:]
         _assert_not_in_cluster_cache(bad, repo)
@@ -188,12 +190,12 @@ def test_s3_object_not_matching_its_etag_is_never_cached(site_env: None, seaweed
         assert r.returncode == 0, r.stderr
         proxy.corrupt[f"/weights/{prefix}/model.bin"] = 2 * MiB + 1
         try:
-            job_id, record, _ = _run(f"s3://weights/{prefix}", auth=', auth_secret_name="verify_s3"')
+            job_id, record, logs = _run(f"s3://weights/{prefix}", auth=', auth_secret_name="verify_s3"')
         finally:
             proxy.corrupt.clear()
         assert f"/weights/{prefix}/model.bin" in proxy.flipped, "the proxy corrupted nothing: the test proves nothing"
         md5 = hashlib.md5(body, usedforsecurity=False).hexdigest()
-        line = _assert_refused(job_id, record, "model.bin", md5, "ETag")
+        line = _assert_refused(job_id, record, logs, "model.bin", md5, "ETag")
         print(f"\nrefused: {line}")
         bad = body[: 2 * MiB + 1] + bytes([body[2 * MiB + 1] ^ 0xFF]) + body[2 * MiB + 2 :]
         _assert_not_in_cluster_cache(bad, prefix)
