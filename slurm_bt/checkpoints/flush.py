@@ -167,8 +167,12 @@ def _locate(env: Mapping[str, str], job_id: str, node: str | None,
         rank = int(env["SLURM_NODEID"])
     elif spec.nodes == 1:
         rank = 0
+    elif _has_entries(ckpt_dir):
+        # A multi-node job whose uploader never started: the rank is unknown. Handing off (bounded by
+        # age and size) beats keeping the checkpoints in scratch with nothing to remove them.
+        raise StorageError(str(ckpt_dir), "no uploader state file: cannot tell this node's rank")
     else:
-        return None  # a multi-node job whose uploader never started: the rank is unknown
+        return None
     return spec, rank, ckpt_dir
 
 
