@@ -44,6 +44,7 @@ __all__ = [
     "StoreCredentials",
     "UntrustedLocation",
     "UploadResult",
+    "check_upload_location",
     "credentials_for",
     "open_store",
     "sha256_fd",
@@ -650,6 +651,20 @@ def _parse_credentials(uri: StoreUri, raw: str, what: str) -> StoreCredentials:
         raise StorageError(uri.display(), f"{what} must hold aws_access_key_id and aws_secret_access_key")
     token = data.get("aws_session_token")
     return StoreCredentials(key, secret, token if isinstance(token, str) else None)
+
+
+def check_upload_location(store_uri: str, project_id: str, job_id: str, *, account: str | None) -> None:
+    """Before training: a ``file://`` store's project directory is this job's team's (claimed when
+    missing) and the job directory, if any, is the user's; other schemes have nothing to check
+    (their access control is the bucket policy's).
+
+    Raises:
+        UntrustedLocation: squatted or foreign (the message names the directory and the fix).
+        StorageError: the store cannot be written.
+    """
+    uri = parse_store_uri(store_uri)
+    if uri.scheme == "file":
+        FileStore(uri, gid=team_gid(account)).check_upload_location(project_id, job_id)
 
 
 def open_store(uri: str | StoreUri, *, credentials: StoreCredentials | None = None,

@@ -135,6 +135,11 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str
     for link, target in layout.links:
         if not os.path.islink(link):
             os.symlink(target, link)
+    if spec.checkpointing.enabled:  # a squatted file:// project name fails the job now, not after training
+        from slurm_bt.checkpoints.store import check_upload_location
+
+        check_upload_location(spec.storage["checkpoint_store"], spec.project_id, job_id,
+                              account=team or environ.get("SLURM_JOB_ACCOUNT"))
     if spec.load_checkpoint.enabled:  # pinned at submit; verified by sha256 (docs/checkpoints.md)
         from slurm_bt.checkpoints.download import download_pinned, host_load_dir
 
