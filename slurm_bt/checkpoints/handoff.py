@@ -301,7 +301,8 @@ def _resume_entry(root: Path, root_fd: int, name: str, lock_fd: int, timeout_s: 
 
 
 def _disk_usage(root_fd: int, name: str, deadline: float) -> int:
-    """Bytes of disk under one entry (allocated blocks, hard links once); stops at ``deadline``."""
+    """Bytes under one entry (per file the larger of allocated and apparent size, hard links once);
+    stops at ``deadline`` (then it is a lower bound)."""
     seen: set[tuple[int, int]] = set()
     total = 0
     try:
@@ -325,7 +326,8 @@ def _disk_usage(root_fd: int, name: str, deadline: float) -> int:
                     if (st.st_dev, st.st_ino) in seen:
                         continue
                     seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
+                    # Apparent size too: a sparse 1 TB file costs little disk but a whole day of upload.
+                    total += max(st.st_blocks * 512, st.st_size if stat.S_ISREG(st.st_mode) else 0)
                     if stat.S_ISDIR(st.st_mode) and len(stack) < 1000:
                         try:
                             stack.append(os.open(child, _DIR_FLAGS, dir_fd=dfd))

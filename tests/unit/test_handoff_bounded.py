@@ -368,6 +368,18 @@ def test_age_and_per_user_size_bounds_remove_what_cannot_complete(tmp_path: Path
     assert sorted(p.name for p in area.iterdir()) == ["3.n1", "4.n1"]
 
 
+@root_only
+def test_a_sparse_file_is_charged_its_apparent_size(tmp_path: Path) -> None:
+    area = tmp_path / "checkpoint-handoff"
+    _entry(area, "7.n1", 1001, time.time() - 60, 10)
+    with open(area / "7.n1" / "data" / "sparse", "wb") as f:
+        f.truncate(50 * 1024**3)  # 50 GiB to read and upload, almost no disk
+    (area / "7.n1" / STATUS_NAME).write_text(json.dumps({"quarantined": True, "failures": 3, "signature": "x"}))
+    outcomes = resume_handoffs(root=area, policy=HandoffPolicy(max_bytes_per_user=1024**3))
+    assert [o.status for o in outcomes] == ["quarantined", "over-budget"], outcomes
+    assert not (area / "7.n1").exists()
+
+
 # -- resume as root for an ordinary user --------------------------------------------------------
 
 
