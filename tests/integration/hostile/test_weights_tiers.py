@@ -183,19 +183,19 @@ def test_squatted_team_dir_is_sidestepped_and_the_victims_job_runs(site_env: Non
         aftermath(str(sub["job_id"]), "btu2")
 
 
-def _plant_shared(base: Path, m: Manifest, poisoned: dict[str, bytes]) -> None:
-    """As btu2: ``<base>/shared`` with a complete-looking entry for ``m`` whose blobs hold ``poisoned``."""
+def _plant_shared(base: Path, m: Manifest) -> None:
+    """As btu2: ``<base>/shared`` with a complete-looking entry for ``m`` whose blobs hold zeros."""
     shared = base / "shared"
     script = textwrap.dedent(f"""
         import os, sys
         root = {str(shared)!r}
         for d in ("blobs", "manifests", "snapshots/{m.manifest_id}"):
             os.makedirs(os.path.join(root, d), exist_ok=True)
-        files = {json.dumps({f.path: [f.sha256, poisoned[f.path].hex()] for f in m.files})}
-        for path, (sha, body) in files.items():
+        files = {json.dumps({f.path: [f.sha256, f.size] for f in m.files})}
+        for path, (sha, size) in files.items():
             for p in (os.path.join(root, "blobs", sha), os.path.join(root, "snapshots/{m.manifest_id}", path)):
                 os.makedirs(os.path.dirname(p), exist_ok=True)
-                open(p, "wb").write(bytes.fromhex(body))
+                open(p, "wb").write(bytes(size))  # right size, wrong bytes
         open(os.path.join(root, "manifests", "{m.manifest_id}.json"), "wb").write(sys.stdin.buffer.read())
         """)
     proc = subprocess.run(["runuser", "-u", "btu2", "--", "python3", "-c", script], input=m.canonical_json(),
@@ -217,7 +217,6 @@ def test_user_created_shared_tier_is_not_trusted(site_env: None, fake_hub: FakeH
                                                     endpoints=SourceEndpoints(hf_endpoint=fake_hub.endpoint))
         m = Manifest(kind=listing.uri.kind, source=listing.uri.canonical, revision=revision, files=tuple(
             ManifestFile(path=f.path, size=f.size, sha256=f.sha256 or "", etag=f.etag) for f in selected))
-        poisoned = {p: bytes(len(b)) for p, b in files.items()}  # same sizes, zeros
         base = _base()
         shared = base / "shared"
         _legacy_world_writable(base)
@@ -227,7 +226,7 @@ def test_user_created_shared_tier_is_not_trusted(site_env: None, fake_hub: FakeH
                 pytest.skip(f"{shared} already holds an admin's or someone's tier; not touching it")
             os.rmdir(shared)
         try:
-            _plant_shared(base, m, poisoned)
+            _plant_shared(base, m)
             assert os.lstat(shared).st_uid == pwd.getpwnam("btu2").pw_uid
             config = write_job("btu1", JOB.format(source=source, auth=""), {"probe.py": PROBE})
             sub = _submit_json("btu1", config, f"--nodelist={_first_node()}")
