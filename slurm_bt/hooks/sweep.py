@@ -27,6 +27,7 @@ the runtime root is per host (the dev cluster's n1 and n2 share one ``/dev/shm``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import time
@@ -43,6 +44,13 @@ HANDOFF_DIR = ".slurm-bt-handoff"
 SWEEP_BUDGET_S = 5.0
 
 
+def _mtime(path: str, default: float) -> float:
+    try:
+        return os.stat(path, follow_symlinks=False).st_mtime
+    except OSError:
+        return default
+
+
 def _names(path: str) -> set[str]:
     try:
         return set(os.listdir(path))
@@ -56,9 +64,14 @@ def sweep_stale_scratch(ctx: HookContext, root_fd: int, root: str) -> list[str]:
     if min_age <= 0:
         return []
     active = _names(f"{ctx.state_root}/{ctx.env.node}/jobs")
-    kept = {n.removesuffix(".json") for n in _names(f"{root}/{HANDOFF_DIR}")}
-    deadline = min(time.monotonic() + SWEEP_BUDGET_S, ctx.deadline - 5.0)
     now = time.time()
+    records = f"{root}/{HANDOFF_DIR}"
+    # Kept checkpoints are bounded like the hand-off area's (hooks.toml [handoff] max_age_s): a
+    # hand-off that never completes must not hold the job's data on the node for ever.
+    expired = {n.removesuffix(".json") for n in _names(records)
+               if _mtime(f"{records}/{n}", now) < now - ctx.settings.handoff.max_age_s}
+    kept = {n.removesuffix(".json") for n in _names(records)} - expired
+    deadline = min(time.monotonic() + SWEEP_BUDGET_S, ctx.deadline - 5.0)
     swept: list[str] = []
     for name in sorted(os.listdir(root_fd)):
         if not (name.isascii() and name.isdigit()) or name == ctx.env.job_id or name in active or name in kept:
@@ -74,7 +87,11 @@ def sweep_stale_scratch(ctx: HookContext, root_fd: int, root: str) -> list[str]:
             continue
         report = remove_tree_at(root_fd, name, deadline=deadline, mount_points=mount_points_below(f"{root}/{name}"))
         swept.append(name)
-        ctx.log.info(f"stale scratch {root}/{name} (no job on this node, epilog never ran): removed "
+        if name in expired:
+            with contextlib.suppress(OSError):
+                os.unlink(f"{records}/{name}.json")
+        why = "kept for a hand-off past max_age_s" if name in expired else "no job on this node, epilog never ran"
+        ctx.log.info(f"stale scratch {root}/{name} ({why}): removed "
                      f"files={report.files} dirs={report.dirs}"
                      + (f", {len(report.leftovers)} left" if report.leftovers else ""))
     return swept

@@ -32,11 +32,14 @@ from slurm_bt.checkpoints.safeopen import UnsafeFile, open_user_file, read_user_
 from slurm_bt.checkpoints.scan import list_files
 from slurm_bt.checkpoints.store import FileStore, UploadResult
 from slurm_bt.checkpoints.upload import read_job_index
+from slurm_bt.hooks import extensions
 from slurm_bt.hooks.config import HandoffPolicy
 from slurm_bt.hooks.privdrop import ChildError, ChildLimits, ChildTimeout, run_in_child
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.site_settings import SiteSettings
 from tests.spec_helpers import spec_for
+from tests.unit import test_hooks_prolog as hp
+from tests.unit.test_hooks_prolog import site  # noqa: F401  (the prolog/epilog sandbox fixture)
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the epilog flush and hand-off sweep run as root")
 
@@ -217,11 +220,11 @@ def test_scan_lists_odd_names_encoded(tmp_path: Path) -> None:
 
 
 def _job(base: Path, job_id: str, owner: int = 0) -> tuple[SiteSettings, JobSpec, Path, dict[str, str]]:
-    site = SiteSettings(storage={"scratch": f"{base}/node/%n/scratch", "checkpoint_store": f"file://{base}/store",
+    settings = SiteSettings(storage={"scratch": f"{base}/node/%n/scratch", "checkpoint_store": f"file://{base}/store",
                                  "secrets": f"{base}/secrets", "workspace": f"{base}/ws"})
     cfg = base / "config.py"
     cfg.write_text(textwrap.dedent(CONFIG))
-    spec = spec_for(cfg, site)
+    spec = spec_for(cfg, settings)
     spec_path = base / f"job-{job_id}.json"
     spec_path.write_text(spec.model_dump_json())
     ckpt = base / "node/n1/scratch" / job_id / "mnt/checkpoints"
@@ -239,16 +242,16 @@ def _job(base: Path, job_id: str, owner: int = 0) -> tuple[SiteSettings, JobSpec
             os.lchown(p, owner, owner)
     env = {"SLURM_JOB_ID": job_id, "SLURMD_NODENAME": "n1", "SLURM_JOB_UID": str(owner), "SLURM_JOB_GID": str(owner),
            "SLURM_JOB_USER": user}
-    return site, spec, ckpt, env
+    return settings, spec, ckpt, env
 
 
 @root_only
 def test_flush_uploads_a_checkpoint_with_odd_names(tmp_path: Path) -> None:
-    site, spec, ckpt, env = _job(tmp_path, "901")
+    settings, spec, ckpt, env = _job(tmp_path, "901")
     with open(os.path.join(os.fsencode(ckpt), b"checkpoint-1", b"bad-\xff"), "wb") as f:
         f.write(b"odd")
     (ckpt / "checkpoint-2" / "nl\nname").write_bytes(b"newline")
-    result = flush_job_checkpoints(env, 60, site=site)
+    result = flush_job_checkpoints(env, 60, site=settings)
     assert result.status == "done", result
     index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "901")
     assert index is not None
@@ -260,12 +263,12 @@ def test_flush_uploads_a_checkpoint_with_odd_names(tmp_path: Path) -> None:
 
 @root_only
 def test_unreadable_job_spec_hands_off_fast_then_quarantines_after_k(tmp_path: Path) -> None:
-    site, spec, _, env = _job(tmp_path, "902")
+    settings, spec, _, env = _job(tmp_path, "902")
     spec_path = tmp_path / "job-902.json"
     spec_path.unlink()
     os.mkfifo(spec_path)  # the job swapped its job.json for a FIFO before it ended
     started = time.monotonic()
-    result = flush_job_checkpoints(env, 30, site=site)
+    result = flush_job_checkpoints(env, 30, site=settings)
     assert result.status == "handed-off", result
     assert time.monotonic() - started < 10, "the flush did not wait on the FIFO"
     area = tmp_path / "node/n1/checkpoint-handoff"
@@ -277,7 +280,7 @@ def test_unreadable_job_spec_hands_off_fast_then_quarantines_after_k(tmp_path: P
     assert o.status == "quarantined" and "not a regular file" in o.message, o
     status = json.loads((area / "902.n1" / STATUS_NAME).read_text())
     assert status["quarantined"] is True and status["failures"] == 3
-    [q] = quarantined_handoffs(site.storage.model_dump(), "n1")
+    [q] = quarantined_handoffs(settings.storage.model_dump(), "n1")
     assert q.entry == "902.n1" and q.failures == 3 and "not a regular file" in q.error
     # Never retried automatically: no child runs (the message says so) and the data stays.
     [o] = resume_handoffs(root=area, policy=policy)
@@ -288,16 +291,16 @@ def test_unreadable_job_spec_hands_off_fast_then_quarantines_after_k(tmp_path: P
     spec_path.write_text(spec.model_dump_json())
     [o] = resume_handoffs(root=area, policy=policy, retry_quarantined=True)
     assert o.status == "uploaded", o
-    assert not (area / "902.n1").exists() and quarantined_handoffs(site.storage.model_dump(), "n1") == []
+    assert not (area / "902.n1").exists() and quarantined_handoffs(settings.storage.model_dump(), "n1") == []
 
 
 @root_only
 def test_a_different_failure_restarts_the_count(tmp_path: Path) -> None:
-    site, _, _, env = _job(tmp_path, "903")
+    settings, _, _, env = _job(tmp_path, "903")
     spec_path = tmp_path / "job-903.json"
     spec_path.unlink()
     os.mkfifo(spec_path)
-    assert flush_job_checkpoints(env, 30, site=site).status == "handed-off"
+    assert flush_job_checkpoints(env, 30, site=settings).status == "handed-off"
     area = tmp_path / "node/n1/checkpoint-handoff"
     policy = HandoffPolicy(max_failures=2)
     assert [o.status for o in resume_handoffs(root=area, policy=policy)] == ["failed"]
@@ -309,7 +312,7 @@ def test_a_different_failure_restarts_the_count(tmp_path: Path) -> None:
 
 @root_only
 def test_checkpoint_file_swapped_after_the_scan_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    site, _, ckpt, env = _job(tmp_path, "904")
+    settings, _, ckpt, env = _job(tmp_path, "904")
     import slurm_bt.checkpoints.scan as scan_mod
     import slurm_bt.checkpoints.upload as upload_mod
 
@@ -324,20 +327,20 @@ def test_checkpoint_file_swapped_after_the_scan_fails_fast(tmp_path: Path, monke
 
     monkeypatch.setattr(upload_mod, "scan_dir", scan_then_swap)
     started = time.monotonic()
-    result = flush_job_checkpoints(env, 30, site=site)
+    result = flush_job_checkpoints(env, 30, site=settings)
     assert time.monotonic() - started < 10, "opening the FIFO blocked"
     assert result.status == "handed-off" and "not a regular file" in result.message, result
 
 
 @root_only
 def test_a_symlinked_checkpoint_dir_is_never_moved_into_the_hand_off_area(tmp_path: Path) -> None:
-    site, _, ckpt, env = _job(tmp_path, "906")
+    settings, _, ckpt, env = _job(tmp_path, "906")
     real = tmp_path / "elsewhere"
     ckpt.rename(real)
     os.symlink(real, ckpt)  # the job replaced its checkpoint directory with a symlink
     (tmp_path / "job-906.json").unlink()
     os.mkfifo(tmp_path / "job-906.json")
-    result = flush_job_checkpoints(env, 30, site=site)
+    result = flush_job_checkpoints(env, 30, site=settings)
     entry = tmp_path / "node/n1/checkpoint-handoff/906.n1"
     assert not (entry / "data").exists() and ckpt.is_symlink(), result
     assert (real / "checkpoint-1" / "w.bin").is_file()
@@ -400,7 +403,7 @@ def test_root_resumes_a_hand_off_made_under_the_epilog_umask(world_dir: Path, mo
     from tests.unit.test_hooks_env import ensure_test_users
 
     uid = ensure_test_users()["btu1"].pw_uid
-    site, spec, _, env = _job(world_dir, "905", owner=uid)
+    settings, spec, _, env = _job(world_dir, "905", owner=uid)
     release = threading.Event()
     real = FileStore.upload_file
 
@@ -411,7 +414,7 @@ def test_root_resumes_a_hand_off_made_under_the_epilog_umask(world_dir: Path, mo
     monkeypatch.setattr(FileStore, "upload_file", stalled)
     old = os.umask(0o077)  # what the epilog runs under
     try:
-        assert flush_job_checkpoints(env, 2, site=site).status == "handed-off"
+        assert flush_job_checkpoints(env, 2, site=settings).status == "handed-off"
     finally:
         os.umask(old)
     monkeypatch.undo()
@@ -424,3 +427,28 @@ def test_root_resumes_a_hand_off_made_under_the_epilog_umask(world_dir: Path, mo
     assert index is not None and [c.name for c in index.checkpoints] == ["checkpoint-1", "checkpoint-2"]
     stored = world_dir / "store" / spec.project_id / "905"
     assert os.stat(stored).st_uid == uid, "uploaded as the job's user, not as root"
+
+
+# -- checkpoints the epilog kept in scratch are bounded by the same age ----------------------------
+
+
+@root_only
+def test_prolog_removes_scratch_kept_for_a_hand_off_past_max_age(site: hp.Site,  # noqa: F811
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(extensions, "CHECKPOINT_FLUSH", (hp.__name__, "flush_incomplete"))
+    site.hooks.write_text(site.hooks.read_text() + "[handoff]\nmax_age_s = 86400\n")
+    work = hp.write_job(site, "btu1")
+    root = site.scratch("x").parent
+    records = root / ".slurm-bt-handoff"
+    records.mkdir(exist_ok=True)
+    for job, age in (("920", 2 * 86400), ("922", 7200)):
+        (root / job / "mnt" / "checkpoints" / "c").mkdir(parents=True)
+        (root / job / "mnt" / "checkpoints" / "c" / "w.bin").write_bytes(b"x" * 1000)
+        (records / f"{job}.json").write_text("{}")
+        hp._age(records / f"{job}.json", age)
+        hp._age(root / job, age)
+    assert hp.run(site, "prolog", hp.job_env(site, "btu1", "921", work)) == 0
+    assert not (root / "920").exists() and not (records / "920.json").exists()
+    assert (root / "922" / "mnt" / "checkpoints" / "c" / "w.bin").is_file() and (records / "922.json").exists()
+    log = (site.base / "log" / "hooks.log").read_text()
+    assert f"stale scratch {root}/920 (kept for a hand-off past max_age_s): removed" in log
