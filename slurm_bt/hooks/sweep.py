@@ -14,7 +14,9 @@ The next prolog on the node removes such directories, bounded in time, and never
   ``0`` turns the sweep off), which covers the instant between a requeued job's note reset and its
   new scratch;
 * directories whose checkpoints the epilog kept for a hand-off (``.slurm-bt-handoff/<job>.json``)
-  are left alone, as are the current job, names that are not job ids, and anything not a directory.
+  are left alone until that record is older than hooks.toml ``[handoff] max_age_s`` (then they and
+  the record go: a hand-off that never completes must not hold the node's disk for ever), as are
+  the current job, names that are not job ids, and anything not a directory.
 
 Removal is the epilog's (:func:`~slurm_bt.hooks.safefs.remove_tree_at`): fd-relative, never follows
 a symlink, never crosses a mount point, stops at its deadline (the rest goes on the next prolog).
