@@ -71,7 +71,8 @@ from slurm_bt.weights.eviction import EvictionCandidate, EvictionPlan, EvictionR
 from slurm_bt.weights.locks import LockOptions, optional_lock
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
-__all__ = ["NodeAudience", "NodeCache", "epilog_enforce_lru", "epilog_release_leases", "validate_job_id"]
+__all__ = ["NodeAudience", "NodeCache", "epilog_enforce_lru", "epilog_release_leases", "set_dir_owner_mode",
+           "validate_job_id"]
 
 _log = logging.getLogger("slurm_bt.weights.cache")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_+.-]{0,63}$")
@@ -97,6 +98,23 @@ def validate_job_id(job_id: str) -> str:
     if not _JOB_ID.match(job_id):
         raise ValueError(f"invalid job id {job_id!r}")
     return job_id
+
+
+def set_dir_owner_mode(path: Path, gid: int, mode: int) -> None:
+    """Give the directory ``path`` group ``gid`` (unless -1) and ``mode``, through an ``O_NOFOLLOW`` fd.
+
+    Raises:
+        OSError: not a directory (a symlink included) or the change failed.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if gid >= 0 and st.st_gid != gid:
+            os.fchown(fd, -1, gid)
+        if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+            os.fchmod(fd, mode)  # after the chown, which may clear setgid
+    finally:
+        os.close(fd)
 
 
 class NodeCache:
@@ -182,10 +200,7 @@ class NodeCache:
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
                 raise StorageError(str(path), f"is not a directory owned by uid {me}; refusing to use it "
                                               "(an admin must remove it)")
-            if gid >= 0 and st.st_gid != gid:
-                os.chown(path, -1, gid, follow_symlinks=False)
-            if stat.S_IMODE(os.lstat(path).st_mode) != mode:
-                os.chmod(path, mode, follow_symlinks=False)
+            set_dir_owner_mode(path, gid, mode)
         self.layout.ensure(extra=("leases",))
 
     def snapshot_path(self, manifest: Manifest) -> Path:

@@ -56,7 +56,7 @@ from slurm_bt.weights.cache_layout import sha256_fd
 from slurm_bt.weights.manifest import Manifest
 
 if TYPE_CHECKING:
-    from slurm_bt.job_spec import JobSpec
+    from slurm_bt.job_spec import JobSpec, WeightsSpec
     from slurm_bt.site_settings import SiteSettings
     from slurm_bt.weights.cluster_cache import ClusterCache
     from slurm_bt.weights.node_cache import NodeAudience, NodeCache
@@ -133,7 +133,7 @@ def _tiers_for_node(site: SiteSettings, base: str, team: str) -> tuple[ClusterCa
     return shared, ClusterCache.for_team(Path(base), team)
 
 
-def _is_public(w: Any, m: Manifest, shared: ClusterCache) -> bool:
+def _is_public(w: WeightsSpec, m: Manifest, shared: ClusterCache) -> bool:
     """Whether an entry may be shared with every user of the node (else: the team's subtree).
 
     Public: the shared tier holds it (admins curate public models there), or it is an ``hf://``
@@ -143,7 +143,7 @@ def _is_public(w: Any, m: Manifest, shared: ClusterCache) -> bool:
     """
     if shared.has(m):
         return True
-    return m.kind == "hf" and not getattr(w, "auth_secret_name", None)
+    return m.kind == "hf" and not w.auth_secret_name
 
 
 def _source_matches(declared: str, manifest: Manifest) -> bool:
@@ -255,7 +255,7 @@ def stage_for_job(
         raise WeightsJobError(f"job declares {len(spec.weights)} weights sources but {len(manifests)} manifests "
                               "were found")
     from slurm_bt.weights.cluster_cache import team_tier_problem
-    from slurm_bt.weights.node_cache import NodeAudience
+    from slurm_bt.weights.node_cache import NodeAudience, set_dir_owner_mode
 
     uid = int(environ.get("SLURM_JOB_UID", "0"))
     gid = team_gid if team_gid is not None else int(environ.get("SLURM_JOB_GID", os.getgid()))
@@ -301,6 +301,12 @@ def stage_for_job(
     job_dir = public_node.base.jobs / job_id
     job_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
     write_file_atomic(job_dir / NODE_RECORD, json.dumps({"job_id": job_id, "weights": entries}).encode(), mode=0o644)
+    # The record and links name the job's sources (a private repo's name, its manifest id): only the
+    # job's user (and its primary group) may look inside; the container runtime and bwrap resolve the
+    # links as that user.
+    job_gid = int(environ.get("SLURM_JOB_GID", "-1"))
+    if job_gid >= 0:
+        set_dir_owner_mode(job_dir, job_gid, 0o750)
     return entries
 
 

@@ -89,7 +89,9 @@ def test_prolog_stages_node_cache_then_hits_and_epilog_releases(site: Site) -> N
     rec = node_root / "jobs" / "31" / "weights.json"
     st = rec.lstat()
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o644)
-    assert stat.S_IMODE((node_root / "jobs" / "31").lstat().st_mode) == 0o755
+    jst = (node_root / "jobs" / "31").lstat()  # the record names the job's sources: the job's user only
+    assert (jst.st_uid, jst.st_gid, stat.S_IMODE(jst.st_mode)) == (0, pwd.getpwnam("btu1").pw_gid, 0o750)
+    assert as_user("btu2", lambda: read_node_record(str(node_root), "31")) is None
     # step 1 runs as the user: it must be able to read the root-owned record and the snapshot
     seen = as_user("btu1", lambda: (read_node_record(str(node_root), "31"),
                                     (link / "tok" / "v.txt").read_bytes().decode()))
