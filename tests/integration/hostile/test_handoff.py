@@ -8,7 +8,8 @@ and the detached hand-off sweep are the ones that read what the job left behind:
 2. ``job.json`` swapped for a FIFO: the flush hands off at once, the detached sweep fails fast (never
    blocks), the entry is quarantined after ``max_failures`` (3) sweeps, ``admin doctor`` lists it
    and later sweeps leave it alone;
-3. file names that are not UTF-8 or hold a newline: everything uploads and downloads byte for byte;
+3. file names that are not UTF-8 or hold a newline: everything uploads, downloads and loads into a
+   later job byte for byte;
 4. the store location made unwritable by the job: the hand-off waits; once it is repaired,
    ``slurm-bt checkpoints resume-handoffs`` as root completes it.
 
@@ -102,6 +103,18 @@ print("BROKE " + str(rank0), flush=True)
 '''
 
 
+LOAD = r'''
+import os
+root = os.path.join(os.fsencode(os.environ["BT_LOAD_CHECKPOINT_DIR"]), b"rank-0", b"checkpoint-1")
+for dirpath, _, names in sorted(os.walk(root)):
+    for n in sorted(names):
+        if n.startswith(b".slurm-bt"):
+            continue  # slurm-bt's own marker
+        p = os.path.join(dirpath, n)
+        print("LOADED", repr(os.path.relpath(p, root)), repr(open(p, "rb").read()[:20]), flush=True)
+'''
+
+
 def _config(project: str, script: str, args: str = "") -> str:
     return f"""
     from truss_train import definitions
@@ -115,9 +128,9 @@ def _config(project: str, script: str, args: str = "") -> str:
     """
 
 
-def _run_job(user: str, script_text: str, args: str = "") -> tuple[str, str, str, float]:
+def _run_job(user: str, script_text: str, args: str = "", project: str | None = None) -> tuple[str, str, str, float]:
     """Submit, wait for the job and for its epilog; (job id, node, logs, epilog seconds)."""
-    project = f"hostile-handoff-{uuid.uuid4().hex[:8]}"
+    project = project or f"hostile-handoff-{uuid.uuid4().hex[:8]}"
     config = write_job(user, _config(project, "attack.py", args), {"attack.py": script_text})
     job_id = submit(user, config)
     record, logs = wait(user, job_id)
@@ -202,7 +215,8 @@ def test_job_json_swapped_for_a_fifo_is_quarantined_after_k_sweeps(tenants: dict
 
 def test_odd_file_names_upload_and_round_trip(tenants: dict[str, object], tmp_path: Path) -> None:
     with attack("checkpoint file names: not UTF-8, newline, look-alike escapes"):
-        job_id, node, logs, _ = _run_job("btu2", ODD_NAMES)
+        project = f"hostile-handoff-{uuid.uuid4().hex[:8]}"
+        job_id, node, logs, _ = _run_job("btu2", ODD_NAMES, project=project)
         assert "WROTE" in logs, logs
         assert _list("btu2", job_id) == {"checkpoint-1": ["bad-%FF-name", "nl%0Aname", "plain.bin",
                                                           "sub/50%2525.txt"]}
@@ -221,6 +235,24 @@ def test_odd_file_names_upload_and_round_trip(tenants: dict[str, object], tmp_pa
         finally:
             subprocess.run(["rm", "-rf", str(home)], check=False)
         aftermath(job_id, "btu2")
+        # A later job loads it: the names are decoded into $BT_LOAD_CHECKPOINT_DIR as well.
+        cfg = write_job("btu2", f"""
+            from truss_train import definitions
+            project = definitions.TrainingProject(name={project + "-load"!r}, job=definitions.TrainingJob(
+                image=definitions.Image(base_image="python:3.11"),
+                compute=definitions.Compute(cpu_count=1, memory="512Mi"),
+                runtime=definitions.Runtime(start_commands=["python3 load.py"],
+                    load_checkpoint_config=definitions.LoadCheckpointConfig(enabled=True, checkpoints=[
+                        definitions.BasetenCheckpoint.from_latest_checkpoint(project_name={project!r})])),
+            ))
+            """, {"load.py": LOAD})
+        load_id = submit("btu2", cfg)
+        record, load_logs = wait("btu2", load_id)
+        assert record["current_status"] == "TRAINING_JOB_COMPLETED", load_logs
+        loaded = sorted(re.findall(r"LOADED (.*)", load_logs))
+        assert loaded == ["b'bad-\\xff-name' b'not utf-8'", "b'nl\\nname' b'newline'",
+                          "b'plain.bin' b'pppppppppppppppppppp'", "b'sub/50%25.txt' b'percent'"], load_logs
+        aftermath(load_id, "btu2")
 
 
 def test_root_resumes_a_hand_off_once_its_store_location_is_repaired(tenants: dict[str, object]) -> None:
