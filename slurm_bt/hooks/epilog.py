@@ -10,14 +10,14 @@ every step accepts "already done" and "never started" (threats-and-faults.md R3,
 2. node-cache lease release and LRU hook points (bounded);
 3. scratch removal: fd-relative, never following a symlink, never crossing a filesystem or mount
    point, surviving concurrent swaps; leftovers are logged, not drained;
-4. removal of the job's runtime directory ``<runtime root>/slurm-bt-<uid>/<id>`` (per-node env
-   files with resolved secrets: also when the job ended between step 1 and step 2), the same
-   fd-relative way (:mod:`.runtime`);
-5. removal of the job's notes under ``/run/slurm-bt/<node>/jobs/<id>``.
+4. removal of the job's notes under ``/run/slurm-bt/<node>/jobs/<id>``.
 
 Before all of these it ends the user's processes that outlived the job on this host, when the user
 has no other job here (:mod:`.leftovers`: the notes of every node on the host decide, signals go
-through pidfds after a start-time check, never to root or system users, bounded).
+through pidfds after a start-time check, never to root or system users, bounded), then removes the
+job's runtime directory ``<runtime root>/slurm-bt-<uid>/<id>`` (per-node env files with resolved
+secrets: also when the job ended between step 1 and step 2) the same fd-relative way as scratch
+(:mod:`.runtime`), first so that nothing slow or faulting later can leave the secrets behind.
 
 Only an unusable scratch root (missing after the prolog made it, unsafe ownership, I/O errors)
 exits non-zero.
@@ -157,6 +157,10 @@ def epilog_body(ctx: HookContext) -> None:
     env = ctx.env
     ctx.phase = "processes"
     end_processes(ctx)
+    # The env files hold resolved secrets: gone before anything slow (or faulting) can stop the epilog.
+    ctx.phase = "runtime"
+    others = other_jobs_of_user(ctx.state_root, env.uid, env.job_id)
+    remove_job_runtime_dir(ctx, user_has_other_jobs=bool(others))
     ctx.phase = "checkpoint-flush"
     flushed = flush_checkpoints(env, ctx.budget(ctx.settings.flush_budget_s, reserve_s=20.0), ctx.log)
     ctx.phase = "node-cache"
@@ -166,9 +170,6 @@ def epilog_body(ctx: HookContext) -> None:
                            ctx.site_path)
     ctx.phase = "scratch"
     remove_scratch(ctx, keep_checkpoints=flushed != "done")
-    ctx.phase = "runtime"
-    others = other_jobs_of_user(ctx.state_root, env.uid, env.job_id)
-    remove_job_runtime_dir(ctx, user_has_other_jobs=bool(others))
     ctx.phase = "notes"
     JobStateDir(env, ctx.state_root).remove(deadline=ctx.deadline - 1.0)
     if flushed == "handed-off" and ctx.settings.resume_handoffs == "background":

@@ -139,6 +139,14 @@ def make_user_runtime_dir(ctx: HookContext) -> str | None:
         os.close(root_fd)
 
 
+def _lexists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def remove_job_runtime_dir(ctx: HookContext, *, user_has_other_jobs: bool) -> None:
     """Epilog: remove ``slurm-bt-<uid>/<job id>``; the per-user directory too when the user has no other job."""
     env = ctx.env
@@ -161,10 +169,14 @@ def remove_job_runtime_dir(ctx: HookContext, *, user_has_other_jobs: bool) -> No
                 ctx.log.warning(f"runtime directory {root}/{name} is owned by uid {st.st_uid}, not {env.uid}; "
                                 "not entered (the next prolog of that user sidesteps it)")
                 return
-            report = remove_tree_at(ufd, env.job_id, deadline=min(ctx.deadline - 5.0, time.monotonic() + 10.0))
-            ctx.notes.append(f"runtime removed files={report.files} dirs={report.dirs}")
-            for rel, reason in report.leftovers[:10]:
-                ctx.log.warning(f"runtime leftover {root}/{name}/{env.job_id}/{rel}: {reason}")
+            if not _lexists_at(ufd, env.job_id):
+                ctx.notes.append("runtime=absent")
+            else:
+                report = remove_tree_at(ufd, env.job_id,
+                                        deadline=min(ctx.deadline - 5.0, time.monotonic() + 10.0))
+                ctx.notes.append(f"runtime removed files={report.files} dirs={report.dirs}")
+                for rel, reason in report.leftovers[:10]:
+                    ctx.log.warning(f"runtime leftover {root}/{name}/{env.job_id}/{rel}: {reason}")
         finally:
             os.close(ufd)
         if not user_has_other_jobs:
