@@ -139,7 +139,7 @@ def _scratch_checkpoints(env: Mapping[str, str], job_id: str, node: str | None, 
 
 
 def _locate(env: Mapping[str, str], job_id: str, node: str | None,
-            site: SiteSettings) -> tuple[JobSpec, int, Path] | None:
+            site: SiteSettings) -> tuple[JobSpec, int, Path, str] | None:
     """Find this node's checkpoint dir, the job spec and the rank (run as the job user)."""
     fixed = _scratch_checkpoints(env, job_id, node, site)
     state = read_state(fixed)
@@ -173,7 +173,7 @@ def _locate(env: Mapping[str, str], job_id: str, node: str | None,
         raise StorageError(str(ckpt_dir), "no uploader state file: cannot tell this node's rank")
     else:
         return None
-    return spec, rank, ckpt_dir
+    return spec, rank, ckpt_dir, str(spec_path)
 
 
 def _has_entries(path: Path) -> bool:
@@ -225,9 +225,16 @@ def _upload_all(env: dict[str, str], job_id: str, node: str | None, budget_s: fl
     located = _locate(env, job_id, node, site)
     if located is None:
         return {"status": "nothing", "uploaded": [], "checkpoint_dir": None}
-    spec, rank, ckpt_dir = located
+    spec, rank, ckpt_dir, spec_path = located
     if not ckpt_dir.is_dir():
         return {"status": "nothing", "uploaded": [], "checkpoint_dir": str(ckpt_dir)}
+    if read_state(ckpt_dir) is None:
+        # The job's uploader never ran (e.g. its store location was squatted): record spec and rank
+        # now, so that a hand-off can still be finished once the cause is repaired.
+        try:
+            write_state(ckpt_dir, spec_path=spec_path, job_id=job_id, rank=rank, node=node)
+        except OSError:
+            pass
     uploader = build_uploader(spec, job_id=job_id, rank=rank, checkpoint_dir=ckpt_dir, account=team)
     try:
         done = uploader.run_once(final=True, deadline=time.monotonic() + budget_s)

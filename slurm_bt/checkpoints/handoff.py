@@ -135,6 +135,11 @@ def _resume_one(data_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
             return {"uploaded": [], "gone": True}
         data_dir = Path(host)
     state = read_state(data_dir)
+    if state is None and record.get("work_dir"):
+        # Hand-offs made before the flush recorded the state itself: a single-node job is rank 0.
+        spec_path = f"{record['work_dir']}/job.json"
+        if read_spec(spec_path).nodes == 1:
+            state = {"job_id": record.get("job_id"), "rank": 0, "spec_path": spec_path}
     if state is None:
         raise StorageError(str(data_dir), "no readable uploader state file: cannot tell which job and rank this is")
     if str(state.get("job_id")) != str(record.get("job_id")):

@@ -346,6 +346,31 @@ def test_a_symlinked_checkpoint_dir_is_never_moved_into_the_hand_off_area(tmp_pa
     assert (real / "checkpoint-1" / "w.bin").is_file()
 
 
+@root_only
+@pytest.mark.parametrize("old_entry", [False, True])
+def test_hand_off_without_an_uploader_state_resumes_once_the_store_is_repaired(tmp_path: Path,
+                                                                               old_entry: bool) -> None:
+    settings, spec, ckpt, env = _job(tmp_path, "907")
+    (ckpt / STATE_NAME).unlink()  # the job's uploader never ran (its store location was squatted)
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "job-907.json").rename(work / "job.json")
+    (tmp_path / "store").write_text("squatted")  # the store location is unusable
+    result = flush_job_checkpoints({**env, "SLURM_JOB_WORK_DIR": str(work)}, 30, site=settings)
+    assert result.status == "handed-off", result
+    entry = tmp_path / "node/n1/checkpoint-handoff/907.n1"
+    assert read_state(entry / "data") is not None, "the flush recorded spec and rank for the hand-off"
+    if old_entry:  # as hand-offs made before that were: no state file at all
+        (entry / "data" / STATE_NAME).unlink()
+    [o] = resume_handoffs(root=entry.parent)
+    assert o.status == "failed", o
+    (tmp_path / "store").unlink()  # the admin repairs the store location
+    [o] = resume_handoffs(root=entry.parent)
+    assert o.status == "uploaded", o
+    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "907")
+    assert index is not None and [c.name for c in index.checkpoints] == ["checkpoint-1", "checkpoint-2"]
+
+
 def _entry(area: Path, name: str, uid: int, created: float, size: int) -> None:
     (area / name / "data").mkdir(parents=True)
     (area / name / "data" / "blob").write_bytes(os.urandom(size))
