@@ -208,7 +208,8 @@ class FileStore:
     uses a component only if it is exactly what slurm-bt would have created:
 
     * project directory: the team-directory rule of the team weights tier
-      (:func:`slurm_bt.trusted_files.is_team_dir`): for writes, of this job's team group; for reads,
+      (:func:`slurm_bt.trusted_files.is_team_dir`): for a store opened for a team (``gid``: the
+      uploader, the flush) and for every write, of that team group; for other reads (loads, CLI),
       of a team the reader belongs to;
     * job directory and everything below: owned by one user (for writes, the caller) and writable by
       nobody else; a file must be a regular file of that same user (never a FIFO, device or link).
@@ -285,7 +286,9 @@ class FileStore:
         if not stat.S_ISDIR(st.st_mode):
             return "is not a directory"
         if depth == 0:
-            if write:
+            # A store opened for a team (the uploader, the epilog's flush) holds every project
+            # directory to that team's rule, reads included: it reads back its own index there.
+            if write or self._gid is not None:
                 gid = self._write_gid()
                 if is_team_dir(st, gid):
                     return None
@@ -319,16 +322,19 @@ class FileStore:
                 raise
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise UntrustedLocation(str(path), "is a symlink or not a directory (never followed); an admin "
-                                        f"must remove it (rm {path})") from None
+                hint = ", or use another TrainingProject name" if depth == 0 else ""
+                raise UntrustedLocation(str(path), "is a symlink or not a directory (never followed; another user "
+                                        f"may have created the name first): an admin must remove it (rm -rf {path})"
+                                        f"{hint}") from None
             raise
         try:
             os.mkdir(name, 0o700, dir_fd=parent)
         except FileExistsError:  # made meanwhile by someone else: checked like any existing one
             return self._step(parent, name, path, depth, create=False)
         except PermissionError as exc:
-            raise StorageError(str(path), "permission denied: the project belongs to another team, or the store "
-                               "root is not writable") from exc
+            why = ("the store root is not writable (an admin makes it 1777)" if depth == 0 else
+                   "the project belongs to another team" if depth == 1 else "its parent directory is not writable")
+            raise StorageError(str(path), f"permission denied: {why}") from exc
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
         try:
             if depth == 0:
