@@ -59,10 +59,20 @@ def _adopt_or_create(ctx: HookContext, parent_fd: int, name: str, path: str) -> 
         UnsafeEntry: it exists and is neither root's nor exactly a legacy 1777 directory.
     """
     try:
-        fd, _ = ensure_dir_at(parent_fd, name, uid=0, gid=0, mode=0o755)
-        return fd
+        # gid -1: an admin's group on an existing root-owned dir is left alone; only write access
+        # for group and others goes (with the tiers made here, nobody else needs to add entries)
+        fd, _ = ensure_dir_at(parent_fd, name, uid=0, gid=-1, mode=0o755, adopt_modes=False)
     except UnsafeEntry:
         fd = open_dir_at(parent_fd, name)
+    else:
+        try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) & 0o022:
+                os.fchmod(fd, 0o755)
+                ctx.log.warning(f"{path} was writable by others; made it root 0755 (root creates the tiers in it)")
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
     try:
         st = os.fstat(fd)
         if stat.S_IMODE(st.st_mode) != _LEGACY_MODE:
