@@ -572,8 +572,11 @@ class NodeCache:
         return sorted(out, key=lambda e: (e.last_used, e.manifest_id))
 
     def stat(self) -> CacheStats:
-        """Counts and sizes for ``slurm-bt cache ls --node``."""
-        return cache_stats(self.base, tuple(self.entries()))
+        """Counts and sizes for ``slurm-bt cache ls --node``, over every subtree."""
+        entries = tuple(self.entries())
+        parts = [cache_stats(layout, ()) for _, layout in self._subtrees()]
+        return CacheStats(self.root, entries, sum(p.blobs for p in parts), sum(p.blob_bytes for p in parts),
+                          sum(p.temp_entries for p in parts))
 
     def gc_temp(self, *, older_than_s: float = 3600.0) -> list[Path]:
         """Remove temp debris of dead writers in every subtree (node-local: pids are checked directly)."""

@@ -320,3 +320,14 @@ def test_staging_prolog_makes_tiers_as_root_and_sidesteps_squats(site: hp.Site, 
     assert hp.run(site, "prolog", {**env, "SLURM_JOB_ID": "78"}) == 0
     assert os.lstat(base / "teams" / "btteam1").st_uid == u1.pw_uid
     assert read_hook_state("n1", "78", site.state).error is None
+
+
+@root_only
+def test_node_stat_counts_every_subtree(tmp_path: Path) -> None:
+    pub_c, pub_m = _cluster(tmp_path, {"p": b"p" * 100}, "sp")
+    priv_c, priv_m = _cluster(tmp_path, {"s": b"s" * 300}, "ss")
+    NodeCache(tmp_path / "n", 1 << 30).stage(pub_m, pub_c, "1", authorize=allow)
+    NodeCache(tmp_path / "n", 1 << 30, audience=NodeAudience("team1", TEAM_GID)).stage(priv_m, priv_c, "2",
+                                                                                         authorize=allow)
+    st = NodeCache(tmp_path / "n", 1 << 30).stat()
+    assert (st.blobs, st.blob_bytes, len(st.entries)) == (2, 400, 2)
