@@ -26,6 +26,7 @@ import json
 import os
 import pwd
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -362,6 +363,14 @@ class FileStore:
                 try:
                     st = os.fstat(child)
                     problem = self._dir_problem(st, depth, owner, write=write)
+                    for _ in range(20):
+                        # Another node of this job (same uid) may have just made it: mkdir 0700, then
+                        # fchown/fchmod. Give it a moment before calling it foreign.
+                        if problem is None or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+                            break
+                        time.sleep(0.1)
+                        st = os.fstat(child)
+                        problem = self._dir_problem(st, depth, owner, write=write)
                     if problem is not None:
                         raise UntrustedLocation(str(path), problem.replace("<dir>", str(path)))
                 except BaseException:
@@ -555,7 +564,7 @@ class FileStore:
                     with os.scandir(rfd) as it:
                         names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
                     if not parts:  # the projects: only those of a team the caller is in
-                        names = [n for n in names if _readable_project(os.stat(n, dir_fd=rfd, follow_symlinks=False))]
+                        names = [n for n in names if self._listed_project(rfd, n)]
                 finally:
                     os.close(rfd)
         except StorageError:
@@ -563,6 +572,13 @@ class FileStore:
         except OSError:  # absent, or not readable by you
             return []
         return sorted(names)
+
+    def _listed_project(self, rootfd: int, name: str) -> bool:
+        try:
+            st = os.stat(name, dir_fd=rootfd, follow_symlinks=False)
+        except OSError:  # removed meanwhile
+            return False
+        return stat.S_ISDIR(st.st_mode) and self._dir_problem(st, 0, None, write=False) is None
 
     def close(self) -> None:
         """Nothing to release."""

@@ -323,3 +323,24 @@ def test_owner_and_team_round_trip(shared: Path) -> None:
 
 def test_check_upload_location_is_a_no_op_for_object_stores() -> None:
     check_upload_location("s3://bucket/prefix", "p", "1", account=None)  # nothing to check, no client import
+
+
+def test_a_project_being_created_by_another_node_of_the_job_is_waited_for(shared: Path) -> None:
+    """Nodes of one job race to create the project: one sees it between ``mkdir 0700`` and ``fchown``."""
+    import threading
+
+    gid = int(subprocess.check_output(["getent", "group", "btteam1"], text=True).split(":")[2])
+    (shared / "racy").mkdir(mode=0o700)  # as the other node left it a moment ago (same uid: root here)
+    os.chmod(shared / "racy", 0o700)
+
+    def finish() -> None:
+        os.chown(shared / "racy", -1, gid)
+        os.chmod(shared / "racy", 0o2770)
+
+    timer = threading.Timer(0.3, finish)
+    timer.start()
+    try:
+        FileStore(parse_store_uri(_uri(shared)), gid=gid).write_bytes("racy/1/index.json", b"{}")
+    finally:
+        timer.join()
+    assert (shared / "racy" / "1" / "index.json").read_bytes() == b"{}"
