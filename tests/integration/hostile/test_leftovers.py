@@ -6,6 +6,7 @@ Real jobs on the dev cluster (proctrack/linuxproc, n1 and n2 on one host):
   both nodes: all are gone after the epilog;
 * the same user's job on the other dev node keeps them alive (it might be that job's), and its own
   processes are never touched; when it ends, its epilog ends them;
+* a process of the same user's login session on the host (under ``runuser``) is not a leftover;
 * step 2 never reads its per-node environment file and the job is cancelled: no env file and no
   runtime directory remain;
 * btu2 pre-creates ``/dev/shm/slurm-bt-<btu1 uid>`` (a 0777 directory, then a symlink): btu1's job
@@ -77,6 +78,11 @@ def _with_marker(marker: str) -> list[str]:
     return found
 
 
+def _leftover_sleepers(marker: str) -> list[str]:
+    """The sleepers ``leave.sh`` starts (``sleep 100x.<marker>``)."""
+    return [p for p in _with_marker(marker) if p.split()[-1].startswith("100")]
+
+
 def _notes_gone(job_id: str, node: str, timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
     while os.path.lexists(f"/run/slurm-bt/{node}/jobs/{job_id}"):
@@ -111,6 +117,30 @@ def test_setsid_nohup_and_term_ignoring_leftovers_are_ended(tenants: dict[str, o
             "the epilog did not report ending the leftovers (the SIGTERM-ignoring one needs SIGKILL)"
 
 
+def test_login_side_process_of_the_user_is_not_a_leftover(tenants: dict[str, object]) -> None:
+    """The dev host is also the login node: a session's process (under runuser, root) survives the sweep."""
+    with attack("leftover sweep vs. the same user's login session on the host"):
+        marker = _marker()
+        session = subprocess.Popen(["runuser", "-u", "btu2", "--", "sleep", f"120.{marker}"])
+        try:
+            config = write_job("btu2", LEAVE_JOB.format(nodes=1, marker=marker), {"leave.sh": LEAVE})
+            job_id = submit("btu2", config)
+            record, logs = wait("btu2", job_id)
+            assert record["current_status"] == "TRAINING_JOB_COMPLETED", logs
+            for node in ("n1", "n2"):
+                _notes_gone(job_id, node)
+            deadline = time.monotonic() + 30
+            while (left := _leftover_sleepers(marker)) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not left, f"job {job_id}'s processes outlived it: {left}"
+            assert any(p.endswith(f" sleep 120.{marker}") for p in _with_marker(marker))
+            assert session.poll() is None
+        finally:
+            session.terminate()
+            session.wait(timeout=30)
+        aftermath(job_id, "btu2")
+
+
 def test_same_users_job_on_the_other_node_keeps_processes_until_it_ends(tenants: dict[str, object]) -> None:
     with attack("leftover sweep vs. the same user's running job on the other dev node"):
         marker = _marker()
@@ -125,9 +155,9 @@ def test_same_users_job_on_the_other_node_keeps_processes_until_it_ends(tenants:
         record, logs = wait("btu2", leaver_id)
         assert record["current_status"] == "TRAINING_JOB_COMPLETED", logs
         _notes_gone(leaver_id, "n1")
-        alive = _with_marker(marker)
+        alive = _leftover_sleepers(marker)
         assert _squeue_state(busy_id) == "RUNNING", f"job {busy_id} was hurt by job {leaver_id}'s epilog"
-        assert len([p for p in alive if p.split()[-1].startswith("100")]) == 3, \
+        assert len(alive) == 3, \
             f"leftovers were ended while job {busy_id} of the same user ran on the host: {alive}"
         assert _hook_log_lines(leaver_id, "another job on this host"), "the epilog did not say why it kept them"
         record, logs = wait("btu2", busy_id)
