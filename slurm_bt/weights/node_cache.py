@@ -501,6 +501,23 @@ class NodeCache:
         with self._evict_lock():
             return self._execute_locked(plan)
 
+    def withdraw(self, manifest: Manifest) -> bool:
+        """Remove ``manifest``'s entry from this instance's layout now if no job leases it.
+
+        For upgrades: an entry of a credentialed source that older versions staged world-readable in
+        the public layout is withdrawn from there when its team stages its own copy (issue #8 item 2).
+
+        Returns:
+            True when the entry was removed.
+        """
+        mid = manifest.manifest_id
+        if not self.layout.is_complete(manifest):
+            return False
+        key = self._prefix + mid
+        plan = EvictionPlan(0, 0, (key,), tuple(self._prefix + f.sha256 for f in unique_blobs(manifest.files)), 0)
+        with self._evict_lock():
+            return bool(self._execute_locked(plan).manifests)
+
     def _execute_locked(self, plan: EvictionPlan) -> EvictionResult:
         removed: list[str] = []
         skipped: list[str] = []

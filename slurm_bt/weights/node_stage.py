@@ -290,6 +290,9 @@ def stage_for_job(
         node = public_node if public else team_node
         hit = node.is_ready(m)
         node.stage(m, [shared, team_tier], job_id, authorize=authorize)
+        if not public and public_node.withdraw(m) and log is not None:  # left world-readable by older versions
+            log(f"slurm-bt weights: withdrew {m.source}@{m.revision[:12]} from the node-wide layout "
+                f"(credentialed entries are team {team}'s only)")
         link = link_job_weights(node, job_id, i, m)
         entry = {"index": i, "source": f"{m.source}@{m.revision[:12]}", "manifest_id": m.manifest_id,
                  "mount_location": w.mount_location, "tier": "node-hit" if hit else "cluster-hit",

@@ -331,3 +331,15 @@ def test_node_stat_counts_every_subtree(tmp_path: Path) -> None:
                                                                                          authorize=allow)
     st = NodeCache(tmp_path / "n", 1 << 30).stat()
     assert (st.blobs, st.blob_bytes, len(st.entries)) == (2, 400, 2)
+
+
+@root_only
+def test_withdraw_removes_an_unleased_public_copy_only(tmp_path: Path) -> None:
+    c, m = _cluster(tmp_path, {"a": b"a" * 50, "b": b"b" * 70}, "wd")
+    public = NodeCache(tmp_path / "n", 1 << 30)
+    public.stage(m, c, "1", authorize=allow)  # as an older version staged a credentialed entry
+    assert not public.withdraw(m) and public.is_ready(m)  # leased by a running job: kept
+    public.release("1")
+    assert public.withdraw(m) and not public.is_ready(m)
+    assert not list((tmp_path / "n" / "blobs").iterdir())
+    assert not public.withdraw(m)
