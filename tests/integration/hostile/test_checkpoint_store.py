@@ -30,7 +30,7 @@ from slurm_bt.checkpoints.layout import parse_store_uri
 from slurm_bt.checkpoints.scan import CompletionTracker
 from slurm_bt.checkpoints.store import FileStore
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader
-from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, submit, wait, write_job
+from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cluster, submit, wait, write_job
 
 pytestmark = pytest.mark.slurm
 
@@ -69,6 +69,21 @@ def _config(project: str, runtime: str) -> str:
     """
 
 
+def _drop_empty_handoffs(job_id: str) -> None:
+    """Remove the epilog's hand-off entries of ``job_id`` that hold no checkpoint (the job wrote none).
+
+    The failed job's flush still meets the squatted store and hands off its empty checkpoint
+    directory; that is the flush's business (bounded and reported there), not this test's.
+    """
+    info = cluster()
+    for node in info["nodes"]:
+        entry = Path(info["node_local_dir"]) / node / "checkpoint-handoff" / f"{job_id}.{node}"
+        data = entry / "data"
+        checkpoints = [p for p in data.iterdir() if not p.name.startswith(".")] if data.is_dir() else []
+        if entry.is_dir() and not entry.is_symlink() and not checkpoints:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def _remove(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink()
@@ -81,6 +96,7 @@ def test_uploads_never_go_into_a_squatted_project(tenants: dict[str, object], sh
     project = f"squat-up-{shape}-{uuid.uuid4().hex[:8]}"
     squat = STORE / project
     loot = Path(f"/home/btu2/loot-{uuid.uuid4().hex[:8]}")  # where a symlink squat would send btu1's bytes
+    cleanup: list[str] = []
     with attack(f"checkpoint store: project name squatted ({shape}) before its owner's upload"):
         try:
             if shape == "dir":
@@ -96,6 +112,7 @@ def test_uploads_never_go_into_a_squatted_project(tenants: dict[str, object], sh
                 "checkpointing_config=definitions.CheckpointingConfig(enabled=True)")), {"train.py": TRAIN})
             job_id = submit("btu1", config)
             record, logs = wait("btu1", job_id)
+            cleanup.append(job_id)
             assert os.listdir(target) == [], f"btu1's job wrote into btu2's {target}: {os.listdir(target)}"
             assert record["current_status"] == "TRAINING_JOB_FAILED", logs
             assert str(squat) in logs and f"rm -rf {squat}" in logs, logs
@@ -105,6 +122,8 @@ def test_uploads_never_go_into_a_squatted_project(tenants: dict[str, object], sh
         finally:
             _remove(squat)
             _remove(loot)
+            for job in cleanup:
+                _drop_empty_handoffs(job)
 
 
 def _plant(project: str) -> Path:
