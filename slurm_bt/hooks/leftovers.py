@@ -267,29 +267,46 @@ def _exe_name(pid: int, proc: str) -> str:
         return ""
 
 
-def _is_login_side(p: ProcInfo, procs: dict[int, ProcInfo], uid: int, proc: str) -> bool:
-    """True if an ancestor is a process of another real uid that is not slurmd/slurmstepd (see module doc)."""
-    seen = {p.pid}
+def _is_login_side(p: ProcInfo, procs: dict[int, ProcInfo], uid: int, proc: str, memo: dict[int, bool]) -> bool:
+    """True if an ancestor is a process of another real uid that is not slurmd/slurmstepd (see module doc).
+
+    ``memo`` keeps the verdict of every process on the walked chain, so a snapshot costs one walk per
+    process however deep or wide the user's process tree is.
+    """
+    chain: list[int] = []
+    on_chain: set[int] = set()
     cur = p
+    verdict = True  # absurdly deep: leave it alone
     for _ in range(512):
+        if cur.pid in memo:
+            verdict = memo[cur.pid]
+            break
+        chain.append(cur.pid)
+        on_chain.add(cur.pid)
         parent = procs.get(cur.ppid)
-        if parent is None or parent.pid <= 1 or parent.pid in seen:
-            return False
+        if parent is None or parent.pid <= 1 or parent.pid in on_chain:
+            verdict = False
+            break
         if parent.uids[0] != uid and _exe_name(parent.pid, proc) not in _JOB_SIDE_EXES:
-            return True
-        seen.add(parent.pid)
+            verdict = True
+            break
         cur = parent
-    return True  # absurdly deep: leave it alone
+    for pid in chain:
+        memo[pid] = verdict
+    return verdict
 
 
 def leftover_candidates(uid: int, proc: str = "/proc") -> list[ProcInfo]:
     """Live processes wholly of ``uid`` that are not part of a login session (module docstring)."""
     procs = _snapshot(proc)
     me = os.getpid()
-    found = [p for p in procs.values()
+    memo: dict[int, bool] = {}
+    # Oldest first: a process's parent (or the subreaper it was handed to) started before it, so each
+    # walk stops at a verdict already in ``memo`` and no chain depth can reach the walk's limit.
+    found = [p for p in sorted(procs.values(), key=lambda p: (p.start, p.pid))
              if p.pid != me and p.state not in ("Z", "X") and all(u == uid for u in p.uids)
-             and not _is_login_side(p, procs, uid, proc)]
-    return sorted(found, key=lambda p: p.start)[:MAX_PROCESSES]
+             and not _is_login_side(p, procs, uid, proc, memo)]
+    return found[:MAX_PROCESSES]
 
 
 def _same(p: ProcInfo, proc: str) -> bool:

@@ -463,3 +463,27 @@ def test_a_process_that_respawns_on_sigterm_is_stopped_and_killed(state: str, pr
     report = end_leftover_processes(UID, "62", deadline=time.monotonic() + 20, state_root=state)
     time.sleep(0.3)
     assert leftover_candidates(UID) == [] and report.killed >= 1 and not report.left
+
+
+def _fake_proc(root: Path, pid: int, ppid: int, start: int, uid: int, exe: str = "/usr/bin/sleep") -> None:
+    d = root / str(pid)
+    d.mkdir()
+    (d / "stat").write_text(f"{pid} (x) S {ppid} " + "0 " * 17 + f"{start} 0 0\n")
+    (d / "status").write_text(f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (d / "exe").symlink_to(exe)
+
+
+def test_deep_process_trees_cost_one_walk_and_cannot_hide(tmp_path: Path) -> None:
+    """2000-deep chains: detached (all leftovers), under slurmstepd (leftovers), under sshd (a session)."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    _fake_proc(proc, 1, 0, 1, 0, "/sbin/init")
+    _fake_proc(proc, 10, 1, 5, 0, "/usr/sbin/slurmstepd")
+    _fake_proc(proc, 20, 1, 5, 0, "/usr/sbin/sshd")
+    for top, base in ((1, 1000), (10, 4000), (20, 7000)):
+        for i in range(2000):
+            _fake_proc(proc, base + i, top if i == 0 else base + i - 1, 100 + i, UID)
+    t0 = time.monotonic()
+    found = {p.pid for p in leftover_candidates(UID, str(proc))}
+    assert time.monotonic() - t0 < 5
+    assert found == set(range(1000, 3000)) | set(range(4000, 6000))
