@@ -12,7 +12,9 @@ into place. Nothing ever trusts an ETag.
 
 Credentials and trust (docs/checkpoints.md): ``file://`` stores are plain directories on shared
 storage, written and read with the caller's own uid and groups, so the filesystem enforces who sees
-what. Object stores use credentials from the *caller's* secret store (``?secret=NAME``), so the
+what; and because a shared root is world-writable, :class:`FileStore` uses a project or job
+directory only if it is what slurm-bt would have made for that team or user (never a squat or a
+symlink; see the class). Object stores use credentials from the *caller's* secret store (``?secret=NAME``), so the
 bucket policy enforces it; ``?service_credentials=FILE`` is honoured only for root.
 """
 
