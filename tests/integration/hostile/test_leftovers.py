@@ -2,8 +2,9 @@
 
 Real jobs on the dev cluster (proctrack/linuxproc, n1 and n2 on one host):
 
-* a job leaves ``setsid nohup sleep``, a SIGTERM-ignoring sleeper and an ``env -i`` double fork on
-  both nodes: all are gone after the epilog;
+* a job leaves ``setsid nohup sleep``, a SIGTERM-ignoring sleeper, an ``env -i`` double fork, a
+  sleeper in its own user and pid namespace and one calling itself ``slurmstepd``, on both nodes:
+  all are gone after the epilog;
 * the same user's job on the other dev node keeps them alive (it might be that job's), and its own
   processes are never touched; when it ends, its epilog ends them;
 * a process of the same user's login session on the host (under ``runuser``) is not a leftover;
@@ -38,6 +39,8 @@ m="$1"
 setsid nohup sleep "1000.$m" >/dev/null 2>&1 </dev/null &
 setsid bash -c "trap '' TERM; exec sleep 1001.$m" >/dev/null 2>&1 </dev/null &
 env -i /usr/bin/setsid /bin/sh -c "( /bin/sleep 1002.$m & )" >/dev/null 2>&1 </dev/null
+setsid unshare -r --fork --pid sleep "1003.$m" >/dev/null 2>&1 </dev/null &
+setsid bash -c "exec -a slurmstepd sleep 1004.$m" >/dev/null 2>&1 </dev/null &
 echo "LEFT $(hostname)"
 '''
 
@@ -101,7 +104,8 @@ def _hook_log_lines(job_id: str, needle: str) -> list[str]:
 
 
 def test_setsid_nohup_and_term_ignoring_leftovers_are_ended(tenants: dict[str, object]) -> None:
-    with attack("leftover processes: setsid nohup, SIGTERM ignored, env -i double fork, on 2 nodes"):
+    with attack("leftover processes: setsid nohup, SIGTERM ignored, env -i double fork, pid namespace, "
+                "named slurmstepd, on 2 nodes"):
         marker = _marker()
         config = write_job("btu2", LEAVE_JOB.format(nodes=2, marker=marker), {"leave.sh": LEAVE})
         job_id = submit("btu2", config)
@@ -157,7 +161,7 @@ def test_same_users_job_on_the_other_node_keeps_processes_until_it_ends(tenants:
         _notes_gone(leaver_id, "n1")
         alive = _leftover_sleepers(marker)
         assert _squeue_state(busy_id) == "RUNNING", f"job {busy_id} was hurt by job {leaver_id}'s epilog"
-        assert len(alive) == 3, \
+        assert len({p.split()[-1] for p in alive}) == 5, \
             f"leftovers were ended while job {busy_id} of the same user ran on the host: {alive}"
         assert _hook_log_lines(leaver_id, "another job on this host"), "the epilog did not say why it kept them"
         record, logs = wait("btu2", busy_id)
