@@ -312,6 +312,23 @@ def _open_beneath(root: Path, parts: list[str]) -> int:
     return fd
 
 
+def _has_payload(src: Path) -> bool:
+    """Whether the checkpoint directory ``src`` holds anything but the uploader's state file.
+
+    Unknown (not a real directory, unreadable) counts as payload: the hand-off then decides as before.
+    """
+    try:
+        fd = _open_beneath(src.parents[2], [src.parent.parent.name, src.parent.name, src.name])
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        return any(name != STATE_NAME for name in os.listdir(fd))
+    finally:
+        os.close(fd)
+
+
 def ensure_handoff_root(path: Path) -> int:
     """Create (or adopt, if root-owned and a real directory) the hand-off area; returns its fd (0711)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -331,6 +348,10 @@ def ensure_handoff_root(path: Path) -> int:
 def _handoff(env: Mapping[str, str], job_id: str, node: str | None, uid: int, gid: int, started: float,
              why: str, site: SiteSettings, team: str | None = None) -> FlushResult:
     """Root only: move the job's scratch checkpoints into the hand-off area and record them."""
+    if not _has_payload(_scratch_checkpoints(env, job_id, node, site)):
+        # Only the uploader's state file (e.g. the store refused the job before it wrote anything):
+        # every checkpoint is accounted for, and an entry would be retried and quarantined for nothing.
+        return FlushResult("done", message=f"{why}; no checkpoint to upload", elapsed_s=time.monotonic() - started)
     hroot = Path(handoff_root(site.storage.model_dump(), node))
     entry_name = f"{job_id}.{(node or 'node').replace('/', '_')}"
     try:

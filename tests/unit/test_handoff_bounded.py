@@ -371,6 +371,19 @@ def test_hand_off_without_an_uploader_state_resumes_once_the_store_is_repaired(t
     assert index is not None and [c.name for c in index.checkpoints] == ["checkpoint-1", "checkpoint-2"]
 
 
+@root_only
+def test_a_refused_job_with_no_checkpoint_is_not_handed_off(tmp_path: Path) -> None:
+    settings, _, ckpt, env = _job(tmp_path, "908")
+    for child in ckpt.iterdir():  # only the uploader's state file is left: nothing was ever written
+        if child.name != STATE_NAME:
+            shutil.rmtree(child)
+    assert read_state(ckpt) is not None
+    (tmp_path / "store").write_text("squatted")  # the store refuses the job
+    result = flush_job_checkpoints(env, 30, site=settings)
+    assert result.status == "done" and "no checkpoint to upload" in result.message, result
+    assert not (tmp_path / "node/n1/checkpoint-handoff/908.n1").exists()
+
+
 def _entry(area: Path, name: str, uid: int, created: float, size: int) -> None:
     (area / name / "data").mkdir(parents=True)
     (area / name / "data" / "blob").write_bytes(os.urandom(size))
