@@ -243,3 +243,34 @@ def test_squatted_runtime_dir_is_sidestepped_and_reported(tenants: dict[str, obj
             for rec in Path(f"/run/slurm-bt/{node}/squats").glob("*.json"):
                 if str(squat) in rec.read_text():
                     rec.unlink()
+
+
+CKPT_JOB = """
+    from truss_train import definitions
+    project = definitions.TrainingProject(name="hostile-ckpt-path", job=definitions.TrainingJob(
+        image=definitions.Image(base_image="python:3.11"),
+        compute=definitions.Compute(node_count=1, cpu_count=1, memory="256Mi"),
+        runtime=definitions.Runtime(
+            start_commands=['echo private-weights > "$BT_CHECKPOINT_DIR/model.bin"; echo WROTE'],
+            checkpointing_config=definitions.CheckpointingConfig(enabled=True, checkpoint_path={path!r}),
+        ),
+    ))
+"""
+
+
+def test_squatted_checkpoint_path_in_tmp_is_refused_not_adopted(tenants: dict[str, object]) -> None:
+    with attack("btu2 pre-creates the /tmp checkpoint_path of btu1's host job"):
+        path = f"/tmp/bt-ckpt-{_marker()}"
+        as_user("btu2", ["mkdir", "-m", "0777", path]).check_returncode()
+        try:
+            config = write_job("btu1", CKPT_JOB.format(path=path))
+            job_id = submit("btu1", config)
+            record, logs = wait("btu1", job_id)
+            assert record["current_status"] != "TRAINING_JOB_COMPLETED" and "WROTE" not in logs, logs
+            assert f"{path}: belongs to uid {pwd.getpwnam('btu2').pw_uid}" in logs, logs
+            # The job's data never reached the squatter's directory. (The epilog's checkpoint flush
+            # still leaves its 0600 state file there: slurm_bt/checkpoints/flush.py, not step 1.)
+            assert "model.bin" not in os.listdir(path)
+            aftermath(job_id, "btu1")
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
