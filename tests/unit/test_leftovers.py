@@ -356,6 +356,18 @@ def test_epilog_removes_the_job_runtime_dir_without_following_links(site: Site) 
     assert not _runtime(site).exists()
 
 
+def test_epilog_does_not_follow_a_runtime_dir_swapped_for_a_symlink(site: Site) -> None:
+    victim = site.base / "victim"
+    (victim / "52").mkdir(parents=True)
+    (victim / "52" / "keep").write_text("x")
+    os.chown(victim, pwd.getpwnam("btu2").pw_uid, -1)
+    _runtime(site).symlink_to(victim)  # the user renamed their dir away and put a link in its place
+    os.chown(_runtime(site), pwd.getpwnam("btu1").pw_uid, -1, follow_symlinks=False)
+    assert hooks_tests.run(site, "epilog", hooks_tests.job_env(site, "btu1", "52", site.base)) == 0
+    assert (victim / "52" / "keep").read_text() == "x" and _runtime(site).is_symlink()
+    assert "is a symlink or not a directory; left for the next prolog" in (site.base / "log" / "hooks.log").read_text()
+
+
 def test_epilog_does_not_enter_a_squatted_runtime_dir(site: Site) -> None:
     squat = _runtime(site)
     squat.mkdir()

@@ -274,3 +274,36 @@ def test_squatted_checkpoint_path_in_tmp_is_refused_not_adopted(tenants: dict[st
             aftermath(job_id, "btu1")
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+
+SWAP = r'''#!/bin/bash
+job="/dev/shm/slurm-bt-$(id -u)/$SLURM_JOB_ID"
+ln -s /home/btu2/hostile-victim-dir "$job/into-victim"
+ln -s /etc/passwd "$job/node-9.env"
+mkfifo "$job/fifo"
+mkdir -p "$job/deep/er" && ln -s / "$job/deep/er/root" && chmod 000 "$job/deep"
+echo PLANTED
+'''
+
+SWAP_JOB = """
+    from truss_train import definitions
+    project = definitions.TrainingProject(name="hostile-runtime-traps", job=definitions.TrainingJob(
+        image=definitions.Image(base_image="python:3.11"),
+        compute=definitions.Compute(node_count=1, cpu_count=1, memory="256Mi"),
+        runtime=definitions.Runtime(start_commands=["bash traps.sh"]),
+    ))
+"""
+
+
+def test_runtime_dir_full_of_traps_is_removed_without_following_them(tenants: dict[str, object]) -> None:
+    with attack("job fills its /dev/shm runtime dir with symlinks to another tenant, /etc and /, a FIFO, chmod 000"):
+        victim = Path("/home/btu2/hostile-victim-dir")
+        as_user("btu2", ["mkdir", "-p", str(victim)]).check_returncode()
+        as_user("btu2", ["tee", str(victim / "keep.txt")], input="mine").check_returncode()
+        passwd = Path("/etc/passwd").read_bytes()
+        config = write_job("btu1", SWAP_JOB, {"traps.sh": SWAP})
+        job_id = submit("btu1", config)
+        record, logs = wait("btu1", job_id)
+        assert record["current_status"] == "TRAINING_JOB_COMPLETED" and "PLANTED" in logs, logs
+        aftermath(job_id, "btu1")  # the runtime dir is gone
+        assert (victim / "keep.txt").read_text() == "mine" and Path("/etc/passwd").read_bytes() == passwd
