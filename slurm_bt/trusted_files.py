@@ -15,7 +15,9 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["describe_owner", "is_group_member", "is_team_dir", "owned_by_root", "read_trusted_file"]
+from slurm_bt.errors import StorageError
+
+__all__ = ["check_own_dir", "describe_owner", "is_group_member", "is_team_dir", "owned_by_root", "read_trusted_file"]
 
 
 def owned_by_root(st: os.stat_result) -> bool:
@@ -93,3 +95,31 @@ def is_team_dir(st: os.stat_result, gid: int) -> bool:
     """
     return (stat.S_ISDIR(st.st_mode) and st.st_gid == gid and not stat.S_IMODE(st.st_mode) & 0o007
             and (st.st_uid == 0 or is_group_member(st.st_uid, gid)))
+
+
+def check_own_dir(path: Path) -> None:
+    """Raise :class:`StorageError` unless ``path`` is the caller's own real directory.
+
+    A per-job directory must be the user's own real directory, whoever made the name first.
+
+    Why: a host job may name its checkpoint directory anywhere (``checkpoint_path``), e.g. in ``/tmp``,
+    where another user can create that name first, as a directory open to them or a symlink into their
+    home, and then read or replace the job's checkpoints. ``mkdir(exist_ok=True)`` alone would adopt it.
+    """
+    try:
+        st = path.lstat()
+    except OSError as exc:
+        raise StorageError(str(path), f"cannot check the directory: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise StorageError(str(path), "is a symlink or not a directory; this job's directories must be real "
+                           "directories of yours (remove it, or choose a path under your home or leave "
+                           "checkpoint_path unset)")
+    if st.st_uid != os.getuid():
+        raise StorageError(str(path), f"belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): someone else "
+                           "created it first, so they could read or change what this job writes there; choose "
+                           "a path under your home, or leave checkpoint_path unset (node-local scratch)")
+    parent = path.parent.lstat()
+    if parent.st_uid not in (0, os.getuid()):  # its owner could rename ours away and put theirs in its place
+        raise StorageError(str(path), f"is in {path.parent}, which belongs to uid {parent.st_uid}: they could swap "
+                           "this directory for their own; choose a path under your home, or leave "
+                           "checkpoint_path unset (node-local scratch)")

@@ -39,6 +39,7 @@ from slurm_bt.checkpoints.upload import DeadlineExceeded, JobIdentity, RankUploa
 from slurm_bt.errors import BtError, StorageError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.site_settings import SiteSettings, expand_path, load_site_settings
+from slurm_bt.trusted_files import check_own_dir
 
 if TYPE_CHECKING:
     from slurm_bt.hooks.config import HandoffPolicy
@@ -159,6 +160,13 @@ def _locate(env: Mapping[str, str], job_id: str, node: str | None,
     if not spec.checkpointing.enabled:
         return None
     host = host_checkpoint_dir(spec, job_id, node)
+    if host and Path(host) != fixed:
+        try:
+            # Step 1 refuses a checkpoint_path another user created first; nothing of this job is in it,
+            # and the flush must not write its state file there or upload what the squatter put there.
+            check_own_dir(Path(host))
+        except StorageError:
+            return None
     ckpt_dir = Path(host) if host else fixed
     state = read_state(ckpt_dir) or state
     if state is not None and str(state.get("job_id")) == job_id and isinstance(state.get("rank"), int):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,6 +33,7 @@ from slurm_bt.node.layout import job_layout
 from slurm_bt.node.registry_auth import enroot_credentials, registry_login
 from slurm_bt.secrets_store import SecretStore
 from slurm_bt.site_settings import expand_path, user_path
+from slurm_bt.trusted_files import check_own_dir
 
 __all__ = ["encode_env", "main", "node_environment", "prepare_node"]
 
@@ -93,32 +93,6 @@ def _make_scratch(scratch: Path) -> None:
     make_private_dir(scratch)
 
 
-def _check_own_dir(path: Path) -> None:
-    """A per-job directory must be the user's own real directory, whoever made the name first.
-
-    Why: a host job may name its checkpoint directory anywhere (``checkpoint_path``), e.g. in ``/tmp``,
-    where another user can create that name first, as a directory open to them or a symlink into their
-    home, and then read or replace the job's checkpoints. ``mkdir(exist_ok=True)`` alone would adopt it.
-    """
-    try:
-        st = path.lstat()
-    except OSError as exc:
-        raise StorageError(str(path), f"cannot check the directory: {exc.strerror}") from None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise StorageError(str(path), "is a symlink or not a directory; this job's directories must be real "
-                           "directories of yours (remove it, or choose a path under your home or leave "
-                           "checkpoint_path unset)")
-    if st.st_uid != os.getuid():
-        raise StorageError(str(path), f"belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): someone else "
-                           "created it first, so they could read or change what this job writes there; choose "
-                           "a path under your home, or leave checkpoint_path unset (node-local scratch)")
-    parent = path.parent.lstat()
-    if parent.st_uid not in (0, os.getuid()):  # its owner could rename ours away and put theirs in its place
-        raise StorageError(str(path), f"is in {path.parent}, which belongs to uid {parent.st_uid}: they could swap "
-                           "this directory for their own; choose a path under your home, or leave "
-                           "checkpoint_path unset (node-local scratch)")
-
-
 def _make_user_runtime(path: Path) -> None:
     """``<runtime root>/slurm-bt-<uid>``: normally the prolog's (root-created, ours); adopt or create it.
 
@@ -159,7 +133,7 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str
             p.mkdir(parents=True, exist_ok=True, mode=0o770)
         else:
             p.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _check_own_dir(p)
+            check_own_dir(p)
     for link, target in layout.links:
         if not os.path.islink(link):
             os.symlink(target, link)

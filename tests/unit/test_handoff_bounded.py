@@ -384,6 +384,27 @@ def test_a_refused_job_with_no_checkpoint_is_not_handed_off(tmp_path: Path) -> N
     assert not (tmp_path / "node/n1/checkpoint-handoff/908.n1").exists()
 
 
+@root_only
+def test_flush_leaves_a_squatted_host_checkpoint_path_alone(tmp_path: Path) -> None:
+    squat = tmp_path / "squatted-ckpts"
+    (squat / "planted").mkdir(parents=True)
+    (squat / "planted" / "w.bin").write_bytes(b"not the job's")
+    os.chown(squat, 1, 1)  # another user (daemon) made the name first; step 1 refused it
+    settings = SiteSettings(storage={"scratch": f"{tmp_path}/node/%n/scratch", "checkpoint_store": f"file://{tmp_path}/store",
+                                     "secrets": f"{tmp_path}/secrets", "workspace": f"{tmp_path}/ws"})
+    cfg = tmp_path / "config.py"
+    cfg.write_text(textwrap.dedent(CONFIG).replace("enabled=True)", f"enabled=True, checkpoint_path={str(squat)!r})"))
+    spec = spec_for(cfg, settings)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "job.json").write_text(spec.model_dump_json())
+    env = {"SLURM_JOB_ID": "909", "SLURMD_NODENAME": "n1", "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0",
+           "SLURM_JOB_USER": "root", "SLURM_JOB_WORK_DIR": str(tmp_path / "work")}
+    result = flush_job_checkpoints(env, 30, site=settings)
+    assert result.status == "nothing", result
+    assert sorted(p.name for p in squat.iterdir()) == ["planted"], "nothing written into the squatter's dir"
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("w.bin"))
+
+
 def _entry(area: Path, name: str, uid: int, created: float, size: int) -> None:
     (area / name / "data").mkdir(parents=True)
     (area / name / "data" / "blob").write_bytes(os.urandom(size))
