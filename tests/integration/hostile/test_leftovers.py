@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, submit, wait, write_job
+from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, forget_squats, submit, wait, write_job
 
 pytestmark = pytest.mark.slurm
 
@@ -238,11 +238,7 @@ def test_squatted_runtime_dir_is_sidestepped_and_reported(tenants: dict[str, obj
         doctor = subprocess.run([str(BIN / "slurm-bt"), "admin", "doctor"], capture_output=True, text=True,
                                 check=False).stdout
         assert re.search(rf"WARN\s+squatted directories on n\d: .*{squat}", doctor), doctor
-        # Leave the doctor clean for the rest of the suite: the admin's step after dealing with btu2.
-        for node in ("n1", "n2"):
-            for rec in Path(f"/run/slurm-bt/{node}/squats").glob("*.json"):
-                if str(squat) in rec.read_text():
-                    rec.unlink()
+        forget_squats(squat)
 
 
 CKPT_JOB = """

@@ -46,7 +46,7 @@ from slurm_bt.hooks.squats import read_squats
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import list_selected
 from slurm_bt.weights.sources.config import SourceEndpoints
-from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cluster, wait, write_job
+from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cluster, forget_squats, wait, write_job
 from tests.servers.hf_hub import FakeHub, Faults
 
 pytestmark = pytest.mark.slurm
@@ -178,6 +178,7 @@ def test_squatted_team_dir_is_sidestepped_and_the_victims_job_runs(site_env: Non
         assert (st.st_uid, st.st_gid) == (0, grp.getgrnam("btteam2").gr_gid), "the squat was not replaced"
         assert stat.S_IMODE(st.st_mode) & 0o007 == 0
         assert str(victim) in _squat_paths(), "the squat was not recorded for admin doctor"
+        forget_squats(victim)
         st_teams = os.lstat(base / "teams")
         assert st_teams.st_uid == 0 and not stat.S_IMODE(st_teams.st_mode) & 0o022, "teams/ still squattable"
         aftermath(str(sub["job_id"]), "btu2")
@@ -237,6 +238,7 @@ def test_user_created_shared_tier_is_not_trusted(site_env: None, fake_hub: FakeH
             st = os.lstat(shared)
             assert st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022, "the squatted shared tier is still there"
             assert str(shared) in _squat_paths()
+            forget_squats(shared)
             aftermath(str(sub["job_id"]), "btu1")
         finally:
             if os.path.lexists(shared) and os.lstat(shared).st_uid != 0:
