@@ -30,16 +30,32 @@ if [ ! -x "$venv/bin/python" ]; then
   say "creating $venv"
   /usr/bin/python3 -m venv "$venv"
 fi
-say "pip install -e $repo[dev,s3,hf,gcs,ssh,bench]"
+say "pip install -e $repo[dev,s3,hf,gcs,azure,https,ssh,bench]"
 # editable_mode=compat: a plain path entry in a .pth file. The default mode adds an import finder that imports
 # pathlib, re and importlib.metadata in every interpreter start, ~12 ms on each `slurm-bt status`.
 # -qq: setuptools warns that compat mode is transitional; errors are still shown.
 "$venv/bin/python" -m pip install -qq --disable-pip-version-check --config-settings editable_mode=compat \
-  -e "$repo[dev,s3,hf,gcs,ssh,bench]"
+  -e "$repo[dev,s3,hf,gcs,azure,https,ssh,bench]"
 for tool in bt-sbatch slurm-bt; do
   ln -sf "$venv/bin/$tool" "/usr/local/bin/$tool"
 done
 chmod -R a+rX "$venv"
+
+# Azurite (Azure Blob emulator) for the azure:// storage tests (tests/servers/azurite.py), from npm into
+# a private prefix. 3.35.0 is the newest release whose engines accept Debian 12's Node.js 18/20
+# (3.36 needs node >= 21, 3.37 node >= 22).
+azurite_prefix=/opt/slurm-bt/azurite
+azurite_version=3.35.0
+if ! command -v npm >/dev/null; then
+  say "apt-get install nodejs npm"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+if [ ! -x "$azurite_prefix/node_modules/.bin/azurite-blob" ] \
+   || ! grep -q "\"version\": \"$azurite_version\"" "$azurite_prefix/node_modules/azurite/package.json"; then
+  say "npm install azurite@$azurite_version into $azurite_prefix"
+  npm install --silent --no-audit --no-fund --prefix "$azurite_prefix" "azurite@$azurite_version"
+fi
 
 say "bringing up the dev cluster"
 /usr/bin/python3 "$repo/devcluster/devcluster.py" up

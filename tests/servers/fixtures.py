@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers.azurite import Azurite, start_azurite
 from tests.servers.gcs import FakeGcs, gcs_binary, start_fake_gcs
 from tests.servers.hf_hub import FakeHub
+from tests.servers.https_server import HttpsFiles, start_https
 from tests.servers.seaweed import SeaweedS3, start_seaweed, weed_binary
 
 
@@ -50,6 +52,30 @@ def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
     server = start_fake_gcs(Path(tmp_path_factory.mktemp("fakegcs")))
     try:
         server.create_bucket("gweights")
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """Azurite (blob service) on loopback with a container named ``weights``.
+
+    Never skips: scripts/install.sh installs Azurite, so a missing one fails the storage tests.
+    """
+    server = start_azurite(Path(tmp_path_factory.mktemp("azurite")))
+    try:
+        server.create_container("weights")
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def https_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpsFiles]:
+    """The loopback HTTPS file server with its own CA (``ca_bundle``)."""
+    server = start_https(Path(tmp_path_factory.mktemp("https")))
+    try:
         yield server
     finally:
         server.stop()

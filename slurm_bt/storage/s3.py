@@ -1,0 +1,317 @@
+"""``s3://``, ``r2://`` and ``cw://`` (CoreWeave): the S3 API through s3fs and, below it, boto3.
+
+One client setup for the three schemes (:func:`client_settings`): R2 is the S3 API at the
+account's endpoint with region ``auto``; CoreWeave AI Object Storage is the S3 API at the site's
+``cw_endpoint_template``. Each honours its per-endpoint checksum switch (``when_required``),
+because S3-alikes disagree with the SDK defaults. Without credentials requests are unsigned;
+ambient AWS credentials are never used.
+
+Where fsspec serves: listing, ``list_dirs``, small reads and writes go through s3fs, configured
+from the same settings. Where it does not, boto3 is used directly, and why:
+
+* ``stat`` and checksum HEADs: s3fs's ``info`` does not send ``ChecksumMode=ENABLED`` or
+  ``If-Match``, so it cannot return the full-object SHA256/CRC of the *listed* version;
+* the data plane: each GET is presigned by boto3 (local SigV4, no network call) and read by the
+  urllib3 range engine with ``If-Match`` = the listed ETag (``_http.py``); ``s3_data_plane=boto3``
+  reads through botocore instead;
+* resumable verified multipart uploads with per-part checksums (``CreateMultipartUpload`` /
+  ``ListParts`` / ``UploadPart`` with ``Checksum*``), which s3fs's writer does not offer.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError, SourceUnavailableError
+from slurm_bt.storage._fs import FsspecBackend
+from slurm_bt.storage.base import BodyStream, Listing, Pinned, RangeStream, RemoteFile, TransportOptions
+from slurm_bt.storage.checksums import ChecksumKind, OriginChecksum, b64_to_hex, s3_etag_md5
+from slurm_bt.storage.credentials import Credentials
+from slurm_bt.storage.endpoints import StorageEndpoints
+from slurm_bt.storage.url import StorageUrl
+
+__all__ = ["ClientSettings", "S3Backend", "client_settings"]
+
+_ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled", "403", "401"}
+_MISSING_CODES = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
+# A HEAD costs one round trip; an MD5 instead of a CRC over 64 MiB costs ~60 ms of CPU (checksums.py).
+_HEAD_MIN_SIZE = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Endpoint, region, addressing and checksum behaviour of one S3-API scheme."""
+
+    endpoint_url: str | None
+    region: str
+    addressing_style: str
+    checksum_when_required: bool
+    etag_md5: bool
+
+
+def client_settings(url: StorageUrl, endpoints: StorageEndpoints) -> ClientSettings:
+    """Where and how to talk to ``url`` (the one place the three schemes differ)."""
+    if url.scheme == "r2":
+        assert url.account is not None
+        return ClientSettings(endpoints.r2_endpoint(url.account), "auto", "path",
+                              endpoints.r2_checksum_when_required, endpoints.r2_etag_md5)
+    if url.scheme == "cw":
+        return ClientSettings(endpoints.cw_endpoint(), endpoints.cw_region, endpoints.cw_addressing_style,
+                              endpoints.cw_checksum_when_required, endpoints.cw_etag_md5)
+    return ClientSettings(endpoints.s3_endpoint_url, endpoints.s3_region, endpoints.s3_addressing_style,
+                          endpoints.s3_checksum_when_required, endpoints.s3_etag_md5)
+
+
+def boto_config(settings: ClientSettings, options: TransportOptions, *, signed: bool, retries: int) -> dict[str, Any]:
+    """botocore ``Config`` keyword arguments shared by the boto3 and the s3fs clients."""
+    import botocore
+
+    common: dict[str, Any] = {
+        "region_name": settings.region,
+        "s3": {"addressing_style": settings.addressing_style},
+        "connect_timeout": options.connect_timeout_s,
+        "read_timeout": options.read_timeout_s,
+        "max_pool_connections": options.max_connections,
+        "retries": {"mode": "standard", "max_attempts": retries},
+    }
+    if not signed:
+        common["signature_version"] = botocore.UNSIGNED
+    if settings.checksum_when_required:
+        common["request_checksum_calculation"] = "when_required"
+        common["response_checksum_validation"] = "when_required"
+    return common
+
+
+class S3Backend(FsspecBackend):
+    """A prefix of an S3, R2 or CoreWeave bucket."""
+
+    writable = True
+
+    def __init__(self, url: StorageUrl, *, credentials: Credentials | None, endpoints: StorageEndpoints,
+                 options: TransportOptions) -> None:
+        """Build the clients for ``url``'s endpoint; no request is made yet."""
+        import boto3
+        import s3fs
+        from botocore.config import Config
+
+        self.url = url
+        self.options = options
+        self.list_retries = options.list_retries
+        self.settings = client_settings(url, endpoints)
+        creds = credentials or Credentials()
+        signed = creds.aws_access_key_id is not None
+        session = boto3.session.Session(
+            aws_access_key_id=creds.aws_access_key_id, aws_secret_access_key=creds.aws_secret_access_key,
+            aws_session_token=creds.aws_session_token, region_name=self.settings.region)
+        endpoint = self.settings.endpoint_url
+        # Metadata lets botocore retry; data does not: the download engine resumes ranges itself.
+        self.meta = session.client("s3", endpoint_url=endpoint, config=Config(
+            **boto_config(self.settings, options, signed=signed, retries=options.list_retries)))
+        self.data = session.client("s3", endpoint_url=endpoint, config=Config(
+            **boto_config(self.settings, options, signed=signed, retries=1)))
+        fs_config = boto_config(self.settings, options, signed=signed, retries=options.list_retries)
+        fs_config.pop("region_name")
+        self.fs = s3fs.S3FileSystem(
+            anon=not signed, key=creds.aws_access_key_id, secret=creds.aws_secret_access_key,
+            token=creds.aws_session_token, endpoint_url=endpoint, skip_instance_cache=True,
+            use_listings_cache=False, client_kwargs={"region_name": self.settings.region},
+            config_kwargs=fs_config)
+        self._pool: Any = None
+        if endpoints.s3_data_plane == "presigned":
+            from slurm_bt.storage._http import make_pool
+
+            self._pool = make_pool(options.connect_timeout_s, options.read_timeout_s, options.max_connections)
+
+    def _root(self) -> str:
+        return f"{self.url.container}/{self.url.prefix}" if self.url.prefix else self.url.container
+
+    # -- error mapping ---------------------------------------------------------------------------
+    def map_error(self, exc: Exception, *, file: str | None = None, offset: int | None = None) -> SourceError:
+        """A boto3/botocore failure in the error tree."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        src = self.url.canonical
+        if isinstance(exc, SourceError):
+            return exc
+        if isinstance(exc, ClientError):
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+            if code in _ACCESS_CODES or status in (401, 403):
+                return SourceAccessError(src, f"not authorized for {src} ({code or status}); check the credentials "
+                                         "(auth_secret_name / ?secret=)", file=file)
+            if code in _MISSING_CODES or status == 404:
+                return SourceNotFoundError(src, f"{code or 'HTTP 404'}: bucket or object not found", file=file)
+            if code == "PreconditionFailed" or status == 412:
+                return SourceError(src, "object changed since it was resolved (412); resolve again",
+                                   file=file, offset=offset)
+            if status in (408, 429) or status >= 500 or code in {"SlowDown", "RequestTimeout"}:
+                return SourceUnavailableError(src, f"origin answered {code} ({status})", file=file,
+                                              offset=offset, transient=True)
+            return SourceError(src, f"{code} ({status})", file=file, offset=offset)
+        if isinstance(exc, (BotoCoreError, OSError)):
+            return SourceUnavailableError(src, f"origin unreachable: {type(exc).__name__}: {exc}",
+                                          file=file, offset=offset, transient=True)
+        return SourceError(src, f"{type(exc).__name__}: {exc}", file=file, offset=offset)
+
+    def call(self, fn: Any, **kwargs: Any) -> Any:
+        """One boto3 call, mapped; transient failures are retried once more here."""
+        from slurm_bt.storage.base import retry_transient
+
+        def once() -> Any:
+            try:
+                return fn(**kwargs)
+            except Exception as exc:
+                raise self.map_error(exc, file=kwargs.get("Key")) from exc
+
+        return retry_transient(once, 2)
+
+    # -- checksums -------------------------------------------------------------------------------
+    def _etag_check(self, etag: str | None) -> tuple[OriginChecksum, ...]:
+        md5 = s3_etag_md5(etag) if self.settings.etag_md5 else None
+        # maybe_not_content_hash: SSE-KMS / SSE-C ETags look the same; a mismatch asks etag_is_md5.
+        return (OriginChecksum("md5", md5, "ETag", maybe_not_content_hash=True),) if md5 else ()
+
+    def _checks_from_head(self, head: dict[str, Any], key: str) -> tuple[str | None, tuple[OriginChecksum, ...]]:
+        if head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+            return None, ()  # a COMPOSITE (per-part) checksum says nothing about the whole content
+        sha: str | None = None
+        checks: list[OriginChecksum] = []
+        fields: tuple[tuple[str, ChecksumKind], ...] = (("ChecksumCRC32C", "crc32c"), ("ChecksumCRC32", "crc32"))
+        try:
+            value = head.get("ChecksumSHA256")
+            if value and "-" not in value:
+                sha = b64_to_hex(value)
+            for field, kind in fields:
+                value = head.get(field)
+                if value and "-" not in value:
+                    hexv = b64_to_hex(value)
+                    assert hexv is not None
+                    checks.append(OriginChecksum(kind, hexv, f"x-amz-checksum-{kind}"))
+        except ValueError as exc:
+            raise SourceError(self.url.canonical, f"object {key!r} has a malformed checksum header") from exc
+        if sha is not None and len(sha) != 64:
+            raise SourceError(self.url.canonical, f"object {key!r} has a malformed x-amz-checksum-sha256")
+        return sha, tuple(checks)
+
+    def head(self, key: str, etag: str | None = None) -> dict[str, Any]:
+        """``HeadObject`` with checksums of ``key`` (absolute in the bucket), pinned to ``etag`` when given."""
+        kwargs: dict[str, Any] = {"Bucket": self.url.container, "Key": key, "ChecksumMode": "ENABLED"}
+        if etag:
+            kwargs["IfMatch"] = etag  # the checksums of the listed version, not of a later overwrite
+        return dict(self.call(self.meta.head_object, **kwargs))
+
+    def _remote_from_head(self, path: str, head: dict[str, Any], key: str) -> RemoteFile:
+        sha, crcs = self._checks_from_head(head, key)
+        etag = head.get("ETag")
+        return RemoteFile(path, int(head["ContentLength"]), sha, etag=etag, checksums=crcs + self._etag_check(etag))
+
+    def stat(self, path: str) -> RemoteFile:
+        """One HEAD with ``ChecksumMode=ENABLED`` (see the module docstring for why not s3fs)."""
+        key = self.url.key_for(path)
+        return self._remote_from_head(path, self.head(key), key)
+
+    def _to_remote(self, path: str, info: dict[str, Any]) -> RemoteFile:
+        etag = info.get("ETag")
+        return RemoteFile(path, int(info.get("size") or info.get("Size") or 0), None, etag=etag,
+                          checksums=self._etag_check(etag))
+
+    def list_files(self) -> Listing:
+        """List through s3fs; HEAD the objects whose listing lacks a checksum worth having.
+
+        The HEAD is made when it buys something: always for SHA256 (no sha256 to compute), for a
+        CRC only when there is no MD5 ETag (multipart) or the object is big enough that checking a
+        CRC instead of an MD5 saves real CPU (``_HEAD_MIN_SIZE``), and for a multipart object whose
+        listing names no algorithm (SeaweedFS keeps full-object checksums but does not list them).
+        A prefix that is itself one object is listed as that object, re-rooted one level up.
+        """
+        try:
+            listing = super().list_files()
+        except SourceNotFoundError:
+            if not self.url.prefix:
+                raise
+            key = self.url.prefix
+            try:
+                head = self.head(key)
+            except SourceNotFoundError as exc:
+                raise SourceNotFoundError(self.url.canonical, "no object under this prefix") from exc
+            name = key.rsplit("/", 1)[-1]
+            self.url = self.url.with_prefix(key.rsplit("/", 1)[0] if "/" in key else "")
+            from slurm_bt.storage.base import listing_digest
+
+            one = [self._remote_from_head(name, head, key)]
+            return Listing(self.url, listing_digest(one), tuple(one))
+        raw: dict[str, dict[str, Any]] = {}
+        try:
+            found = self.fs.find(self._root().rstrip("/") + "/", detail=True)
+            raw = {self._rel(k): v for k, v in found.items()}
+        except Exception as exc:
+            raise self.map_error(exc) from exc
+
+        def wants_head(f: RemoteFile) -> bool:
+            info = raw.get(f.path, {})
+            algos = set(info.get("ChecksumAlgorithm") or [])
+            multipart = bool(f.etag) and "-" in str(f.etag)
+            return ("SHA256" in algos
+                    or (bool(algos & {"CRC32", "CRC32C"}) and (not f.checksums or f.size >= _HEAD_MIN_SIZE))
+                    or (multipart and not algos))
+
+        wanted = [f for f in listing.files if wants_head(f)]
+        if not wanted:
+            return listing
+        with ThreadPoolExecutor(min(16, self.options.max_connections), thread_name_prefix="bt-head") as pool:
+            headed = dict(zip((f.path for f in wanted), pool.map(
+                lambda f: self._remote_from_head(f.path, self.head(self.url.key_for(f.path), f.etag),
+                                                 self.url.key_for(f.path)), wanted), strict=True))
+        files = tuple(headed.get(f.path, f) for f in listing.files)
+        return Listing(listing.uri, listing.revision, files)
+
+    def _rel(self, name: str) -> str:
+        root = self._root().rstrip("/")
+        return name[len(root) + 1:] if name.startswith(root + "/") else name
+
+    def etag_is_md5(self, file: RemoteFile) -> bool:
+        """Whether ``file``'s ETag is its MD5: not under SSE-KMS (also DSSE-KMS) or SSE-C (one HEAD)."""
+        head = self.head(self.url.key_for(file.path), file.etag)
+        encrypted = str(head.get("ServerSideEncryption", "")).startswith("aws:kms") or head.get("SSECustomerAlgorithm")
+        return not encrypted
+
+    # -- data plane ------------------------------------------------------------------------------
+    def open_range(self, file: Pinned, start: int, end: int | None) -> RangeStream:
+        """Ranged GET pinned with ``If-Match`` to the listed ETag (presigned + urllib3, or botocore)."""
+        key = self.url.key_for(file.path)
+        if self._pool is not None:
+            from slurm_bt.storage._http import open_http_range
+
+            # Presigning is local (SigV4 over the query string); Range and If-Match travel as
+            # ordinary unsigned headers, which S3 allows, so the ETag pin is kept (412 if changed).
+            url = self.data.generate_presigned_url(
+                "get_object", Params={"Bucket": self.url.container, "Key": key}, ExpiresIn=3600)
+            headers = {"Accept-Encoding": "identity"}
+            if file.etag:
+                headers["If-Match"] = file.etag
+            return open_http_range(self._pool, url, uri=self.url.canonical, file=file.path, start=start, end=end,
+                                   headers=headers)
+        kwargs: dict[str, Any] = {"Bucket": self.url.container, "Key": key}
+        if start > 0 or end is not None:
+            kwargs["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        if file.etag:
+            kwargs["IfMatch"] = file.etag
+        try:
+            resp = self.data.get_object(**kwargs)
+        except Exception as exc:
+            raise self.map_error(exc, file=file.path, offset=start) from exc
+        body = resp["Body"]
+        return BodyStream(body.read, body.close, partial="ContentRange" in resp, uri=self.url.canonical,
+                          file=file.path, start=start)
+
+    def close(self) -> None:
+        """Close the clients' connection pools."""
+        if self._pool is not None:
+            self._pool.clear()
+        for client in (self.meta, self.data):
+            try:
+                client.close()
+            except Exception:  # noqa: S110 - best effort
+                pass
