@@ -133,7 +133,7 @@ def test_two_node_gpu_job_as_normal_user():
     try:
         pwd.getpwnam(TEST_USER)
     except KeyError:
-        pytest.skip(f"user {TEST_USER} does not exist (useradd -m {TEST_USER})")
+        subprocess.run(["useradd", "-m", "-s", "/bin/bash", TEST_USER], check=True, capture_output=True)
     workdir = STATE / "shared" / f"test-devcluster-{uuid.uuid4().hex[:8]}"
     workdir.mkdir()
     user = pwd.getpwnam(TEST_USER)

@@ -18,6 +18,10 @@ SEEDS = Path(__file__).resolve().parent.parent / "seed_configs"
 EVERY_GPU = SiteSettings(accelerators={a.value: AcceleratorMapping(gres_type=a.value.lower()) for a in Accelerator})
 
 
+#: Seeds that hold no TrainingProject (Baseten's deploy_checkpoints configs).
+NOT_TRAINING_CONFIGS = {"seed004_deploy_checkpoints"}
+
+
 def _seed_files() -> list[Path]:
     return sorted(p for p in SEEDS.glob("*.py") if not p.name.startswith("_"))
 
@@ -38,9 +42,12 @@ def test_seed_config_translates(path: Path, runtime: str, tmp_path: Path, monkey
     try:
         spec = spec_for(path, site)
     except ConfigError as exc:
-        if "TrainingProject" in str(exc) and "No" in str(exc):
-            pytest.skip("not a training config (e.g. a deploy_checkpoints config)")
-        raise
+        # A seed that is not a training config (a deploy_checkpoints config) must be refused with
+        # truss's message, not translated.
+        assert path.stem in NOT_TRAINING_CONFIGS, exc
+        assert "TrainingProject" in str(exc) and "No" in str(exc), exc
+        return
+    assert path.stem not in NOT_TRAINING_CONFIGS
     for text in (render_batch_script(spec), render_node_entry(spec)):
         assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
     if spec.gpus_per_node:

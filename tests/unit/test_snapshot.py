@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 from slurm_bt import snapshot
 from slurm_bt.errors import SnapshotError, StorageError
 from slurm_bt.snapshot import DEFAULT_IGNORE_PATTERNS, SnapshotInfo, snapshot_config_dir
+from tests.unit.test_hooks_env import ensure_test_users
 
 IS_ROOT = os.getuid() == 0
 
@@ -464,12 +468,39 @@ def test_fifo_is_reported_not_hung_on(proj: Path, out: Path) -> None:
         snap(proj / "config.py", out)
 
 
-@pytest.mark.skipif(IS_ROOT, reason="root can read everything")
+UNREADABLE = r"""
+import os, sys, tempfile
+from pathlib import Path
+from slurm_bt.errors import SnapshotError
+from slurm_bt.snapshot import snapshot_config_dir
+base = Path(tempfile.mkdtemp())
+(base / "proj").mkdir()
+(base / "proj" / "config.py").write_text("x = 1\n")
+(base / "proj" / "secret.key").write_text("x")
+(base / "proj" / "secret.key").chmod(0)
+try:
+    snapshot_config_dir(base / "proj" / "config.py", None, base / "out")
+except SnapshotError as exc:
+    print(exc)
+    sys.exit(0)
+sys.exit("no error")
+"""
+
+
 def test_unreadable_file_is_reported(proj: Path, out: Path) -> None:
-    f = write(proj / "secret.key")
-    f.chmod(0)
-    with pytest.raises(SnapshotError, match=r"secret\.key: not readable"):
-        snap(proj / "config.py", out)
+    if not IS_ROOT:
+        f = write(proj / "secret.key")
+        f.chmod(0)
+        with pytest.raises(SnapshotError, match=r"secret\.key: not readable"):
+            snap(proj / "config.py", out)
+        return
+    # Root reads everything: check as an ordinary user (the login-node case), in a child.
+    ensure_test_users()
+    proc = subprocess.run(["runuser", "-u", "btu1", "--", sys.executable, "-I", "-c", UNREADABLE],
+                          capture_output=True, text=True, cwd="/", timeout=60, check=False,
+                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"secret\.key: not readable", proc.stdout), proc.stdout
 
 
 # --- property: with nothing to ignore, the snapshot is an exact copy ----------------------------
