@@ -498,7 +498,7 @@ def test_unreadable_file_is_reported(proj: Path, out: Path) -> None:
     ensure_test_users()
     proc = subprocess.run(["runuser", "-u", "btu1", "--", sys.executable, "-I", "-c", UNREADABLE],
                           capture_output=True, text=True, cwd="/", timeout=60, check=False,
-                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"secret\.key: not readable", proc.stdout), proc.stdout
 
