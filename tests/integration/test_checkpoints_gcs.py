@@ -17,7 +17,6 @@ from tests.servers.gcs import FakeGcs
 
 
 def test_gcs_store_round_trip(fake_gcs: FakeGcs, tmp_path: Path) -> None:  # noqa: F811
-    pytest.importorskip("google.cloud.storage")
     fake_gcs.create_bucket("ckpt-gcs")
     store = open_store(f"gs://ckpt-gcs/pre?endpoint_url={fake_gcs.endpoint}")
     ckpt = tmp_path / "ckpt"
