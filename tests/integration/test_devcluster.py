@@ -134,6 +134,8 @@ def test_two_node_gpu_job_as_normal_user():
         pwd.getpwnam(TEST_USER)
     except KeyError:
         subprocess.run(["useradd", "-m", "-s", "/bin/bash", TEST_USER], check=True, capture_output=True)
+    # PrivateData: a user sees their own jobs in sacct only through an association.
+    subprocess.run(["sacctmgr", "-i", "add", "user", TEST_USER, "account=default"], capture_output=True, check=False)
     workdir = STATE / "shared" / f"test-devcluster-{uuid.uuid4().hex[:8]}"
     workdir.mkdir()
     user = pwd.getpwnam(TEST_USER)
