@@ -12,16 +12,20 @@ that computes the sha256 (checksums.py).
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import os
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from slurm_bt.errors import SourceAccessError, SourceError
+from slurm_bt.errors import IntegrityError, SourceAccessError, SourceError, SourceNotFoundError
 from slurm_bt.storage._fs import FsspecBackend
 from slurm_bt.storage._http import make_pool, open_http_range
-from slurm_bt.storage.base import Pinned, RangeStream, RemoteFile, TransportOptions
+from slurm_bt.storage.base import Pinned, RangeStream, RemoteFile, TransportOptions, map_os_error
 from slurm_bt.storage.checksums import ChecksumKind, OriginChecksum, b64_to_hex
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
+from slurm_bt.storage.transfer import UploadResult
 from slurm_bt.storage.url import StorageUrl
 
 __all__ = ["GcsBackend"]
@@ -99,6 +103,58 @@ class GcsBackend(FsspecBackend):
         url = f"{self._endpoint}/storage/v1/b/{quote(self.url.container, safe='')}/o/{key}?{urlencode(query)}"
         return open_http_range(self._pool, url, uri=self.url.canonical, file=file.path, start=start, end=end,
                                headers=self._headers())
+
+    def upload_file(self, fd: int, size: int, path: str, *, expect_sha256: str | None = None) -> UploadResult:
+        """Stream ``fd`` to ``path`` through gcsfs's resumable upload; the stored crc32c must be what we sent.
+
+        The one read of the file feeds the upload, our sha256 (recorded in the object's
+        ``bt-sha256`` metadata and returned for the index) and a CRC32C that must equal the
+        object's ``crc32c`` afterwards. A rerun whose object already has this size and
+        ``bt-sha256`` is skipped.
+        """
+        import google_crc32c
+
+        target = self._fs_path(path)
+        if expect_sha256 is not None:
+            try:
+                info = self._call("stat", self.fs.info, target, file=path)
+            except SourceNotFoundError:
+                info = None
+            if info is not None and int(info.get("size", -1)) == size and \
+                    (info.get("metadata") or {}).get("bt-sha256") == expect_sha256:
+                return UploadResult(expect_sha256, size, "existing", skipped=True)
+        sha = hashlib.sha256()
+        crc = google_crc32c.Checksum()  # type: ignore[no-untyped-call]
+        block = 16 * 1024 * 1024  # a multiple of 256 KiB, as resumable uploads require
+
+        def send() -> None:
+            with self.fs.open(target, "wb", block_size=block) as out:
+                offset = 0
+                while offset < size:
+                    chunk = os.pread(fd, min(block, size - offset), offset)
+                    if not chunk:
+                        raise SourceError(self.url.canonical, f"source shrank while uploading (at byte {offset} "
+                                          f"of {size})", file=path)
+                    sha.update(chunk)
+                    crc.update(chunk)  # type: ignore[no-untyped-call]
+                    out.write(chunk)
+                    offset += len(chunk)
+
+        try:
+            send()
+            self.fs.setxattrs(target, **{"bt-sha256": sha.hexdigest()})
+        except SourceError:
+            raise
+        except Exception as exc:
+            raise map_os_error(exc, self.url.canonical, file=path, what="upload") from exc
+        self.fs.invalidate_cache()
+        info = self._call("stat", self.fs.info, target, file=path)
+        expected = base64.b64encode(crc.digest()).decode()  # type: ignore[no-untyped-call]
+        if int(info.get("size", -1)) != size or info.get("crc32c") != expected:
+            raise IntegrityError(self.url.canonical, "stored object differs", file=path,
+                                 expected=f"crc32c {expected} ({size} bytes)",
+                                 actual=f"crc32c {info.get('crc32c')} ({info.get('size')})")
+        return UploadResult(sha.hexdigest(), size, "crc32c")
 
     def close(self) -> None:
         """Close pooled connections."""

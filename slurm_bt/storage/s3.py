@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError, SourceUnavailableError
 from slurm_bt.storage._fs import FsspecBackend
@@ -30,7 +30,11 @@ from slurm_bt.storage.base import BodyStream, Listing, Pinned, RangeStream, Remo
 from slurm_bt.storage.checksums import ChecksumKind, OriginChecksum, b64_to_hex, s3_etag_md5
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
+from slurm_bt.storage.transfer import UploadOptions
 from slurm_bt.storage.url import StorageUrl
+
+if TYPE_CHECKING:
+    from slurm_bt.storage.s3_upload import S3Uploader
 
 __all__ = ["ClientSettings", "S3Backend", "client_settings"]
 
@@ -118,6 +122,8 @@ class S3Backend(FsspecBackend):
             token=creds.aws_session_token, endpoint_url=endpoint, skip_instance_cache=True,
             use_listings_cache=False, client_kwargs={"region_name": self.settings.region},
             config_kwargs=fs_config)
+        self._session, self._signed, self._transport = session, signed, options
+        self._extra_clients: list[Any] = []
         self._pool: Any = None
         if endpoints.s3_data_plane == "presigned":
             from slurm_bt.storage._http import make_pool
@@ -306,11 +312,40 @@ class S3Backend(FsspecBackend):
         return BodyStream(body.read, body.close, partial="ContentRange" in resp, uri=self.url.canonical,
                           file=file.path, start=start)
 
+    # -- writes ----------------------------------------------------------------------------------
+    def uploader(self, options: UploadOptions | None = None) -> S3Uploader:
+        """Resumable verified multipart uploads into this bucket (:mod:`.s3_upload`).
+
+        Its client is this backend's setup with upload settings: payload signing off (per-part
+        checksums protect the bytes), the SDK's own checksums off (we always send ours), a longer
+        read timeout and more retries (a part is 64 MiB, not a metadata call).
+        """
+        from botocore.config import Config
+
+        from slurm_bt.storage.s3_upload import S3Uploader
+
+        options = options or UploadOptions()
+        config = boto_config(self.settings, self._transport, signed=self._signed, retries=6)
+        config["s3"] = {**config["s3"], "payload_signing_enabled": False}
+        config.update(request_checksum_calculation="when_required", response_checksum_validation="when_required",
+                      max_pool_connections=options.concurrency + 4, read_timeout=120)
+        client = self._session.client("s3", endpoint_url=self.settings.endpoint_url, config=Config(**config))
+        self._extra_clients.append(client)
+        return S3Uploader(self, client, options)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """``PutObject`` with ``ChecksumSHA256``: the server verifies the digest (s3fs sends none)."""
+        import base64
+        import hashlib
+
+        self.call(self.meta.put_object, Bucket=self.url.container, Key=self.url.key_for(path), Body=data,
+                  ChecksumSHA256=base64.b64encode(hashlib.sha256(data).digest()).decode())
+
     def close(self) -> None:
         """Close the clients' connection pools."""
         if self._pool is not None:
             self._pool.clear()
-        for client in (self.meta, self.data):
+        for client in (self.meta, self.data, *self._extra_clients):
             try:
                 client.close()
             except Exception:  # noqa: S110 - best effort
