@@ -6,8 +6,8 @@ account's endpoint with region ``auto``; CoreWeave AI Object Storage is the S3 A
 because S3-alikes disagree with the SDK defaults. Without credentials requests are unsigned;
 ambient AWS credentials are never used.
 
-Where fsspec serves: listing, ``list_dirs``, small reads and writes go through s3fs, configured
-from the same settings. Where it does not, boto3 is used directly, and why:
+Where fsspec serves: listing (``find``) goes through s3fs, configured from the same settings.
+Where it does not, boto3 is used directly, and why:
 
 * ``stat`` and checksum HEADs: s3fs's ``info`` does not send ``ChecksumMode=ENABLED`` or
   ``If-Match``, so it cannot return the full-object SHA256/CRC of the *listed* version;
@@ -15,7 +15,11 @@ from the same settings. Where it does not, boto3 is used directly, and why:
   urllib3 range engine with ``If-Match`` = the listed ETag (``_http.py``); ``s3_data_plane=boto3``
   reads through botocore instead;
 * resumable verified multipart uploads with per-part checksums (``CreateMultipartUpload`` /
-  ``ListParts`` / ``UploadPart`` with ``Checksum*``), which s3fs's writer does not offer.
+  ``ListParts`` / ``UploadPart`` with ``Checksum*``), which s3fs's writer does not offer;
+* small writes send ``ChecksumSHA256`` so the server verifies the bytes (s3fs's ``pipe_file``
+  sends none); small reads and ``list_dirs`` are one ``GetObject`` / ``ListObjectsV2(Delimiter)``
+  on the same synchronous client, so the checkpoint store needs no event-loop thread (and works
+  under the in-process S3 emulator its unit tests use, which cannot serve aiobotocore).
 """
 
 from __future__ import annotations
@@ -97,7 +101,6 @@ class S3Backend(FsspecBackend):
                  options: TransportOptions) -> None:
         """Build the clients for ``url``'s endpoint; no request is made yet."""
         import boto3
-        import s3fs
         from botocore.config import Config
 
         self.url = url
@@ -117,7 +120,10 @@ class S3Backend(FsspecBackend):
             **boto_config(self.settings, options, signed=signed, retries=1)))
         fs_config = boto_config(self.settings, options, signed=signed, retries=options.list_retries)
         fs_config.pop("region_name")
-        self.fs = s3fs.S3FileSystem(
+        # s3fs (and aiobotocore, aiohttp) are imported on the first listing only: a checkpoint
+        # uploader never lists, so it never pays for them.
+        self._fs: Any = None
+        self._fs_kwargs: dict[str, Any] = dict(
             anon=not signed, key=creds.aws_access_key_id, secret=creds.aws_secret_access_key,
             token=creds.aws_session_token, endpoint_url=endpoint, skip_instance_cache=True,
             use_listings_cache=False, client_kwargs={"region_name": self.settings.region},
@@ -129,6 +135,19 @@ class S3Backend(FsspecBackend):
             from slurm_bt.storage._http import make_pool
 
             self._pool = make_pool(options.connect_timeout_s, options.read_timeout_s, options.max_connections)
+
+    @property
+    def fs(self) -> Any:
+        """The s3fs filesystem (built on first use)."""
+        if self._fs is None:
+            try:
+                import s3fs
+            except ImportError as exc:
+                from slurm_bt.storage.registry import MissingExtraError
+
+                raise MissingExtraError(self.url.canonical, self.url.scheme, "s3", exc.name) from exc
+            self._fs = s3fs.S3FileSystem(**self._fs_kwargs)
+        return self._fs
 
     def _root(self) -> str:
         return f"{self.url.container}/{self.url.prefix}" if self.url.prefix else self.url.container
@@ -340,6 +359,30 @@ class S3Backend(FsspecBackend):
 
         self.call(self.meta.put_object, Bucket=self.url.container, Key=self.url.key_for(path), Body=data,
                   ChecksumSHA256=base64.b64encode(hashlib.sha256(data).digest()).decode())
+
+    def read_bytes(self, path: str, *, max_bytes: int = 64 << 20) -> bytes | None:
+        """A small object's bytes (one ``GetObject``), or None when absent."""
+        try:
+            resp = self.call(self.meta.get_object, Bucket=self.url.container, Key=self.url.key_for(path))
+        except SourceNotFoundError:
+            return None
+        if int(resp.get("ContentLength", 0)) > max_bytes:
+            resp["Body"].close()
+            raise SourceError(self.url.canonical, f"object is more than {max_bytes} bytes", file=path)
+        return bytes(resp["Body"].read(max_bytes + 1))
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        """Common prefixes one level below ``prefix`` (``ListObjectsV2`` with ``Delimiter``)."""
+        full = self.url.key_for(prefix.strip("/"))
+        base = f"{full.rstrip('/')}/" if full else ""
+        names: list[str] = []
+        try:
+            for page in self.meta.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.url.container, Prefix=base, Delimiter="/"):
+                names += [p["Prefix"][len(base):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+        except Exception as exc:
+            raise self.map_error(exc, file=base) from exc
+        return sorted(names)
 
     def close(self) -> None:
         """Close the clients' connection pools."""
