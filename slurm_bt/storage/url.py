@@ -32,9 +32,11 @@ from slurm_bt.errors import Problem, SourceSpecError
 __all__ = [
     "OBJECT_SCHEMES",
     "SCHEMES",
+    "WEIGHT_SCHEMES",
     "Scheme",
     "StorageUrl",
     "is_commit",
+    "parse_source_uri",
     "parse_url",
     "safe_relative_path",
 ]
@@ -43,6 +45,8 @@ Scheme = Literal["hf", "s3", "r2", "cw", "gs", "azure", "https", "file"]
 SCHEMES: tuple[Scheme, ...] = ("azure", "cw", "file", "gs", "hf", "https", "r2", "s3")
 OBJECT_SCHEMES: frozenset[str] = frozenset({"s3", "r2", "cw", "gs", "azure"})
 """Schemes whose URL names a bucket (container) and a key prefix."""
+WEIGHT_SCHEMES: frozenset[str] = frozenset({"hf", "s3", "r2", "cw", "gs", "azure", "https"})
+"""Schemes a ``WeightsSource`` may use (``file://`` is not one: a job's weights come from an origin)."""
 
 _HF_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
 _HF_REVISION = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
@@ -239,3 +243,14 @@ def parse_url(source: str, *, allowed: frozenset[str] | None = None) -> StorageU
 def is_commit(revision: str) -> bool:
     """Whether ``revision`` is already a full 40-hex commit id."""
     return _COMMIT.fullmatch(revision) is not None
+
+
+def parse_source_uri(source: str) -> StorageUrl:
+    """Parse a weights source (:data:`WEIGHT_SCHEMES`); see :func:`parse_url`.
+
+    Raises:
+        SourceSpecError: as :func:`parse_url`; ``http://`` is refused naming ``https://``.
+    """
+    if source.startswith("http://"):
+        raise _fail(source, "plain http:// is not accepted (no integrity in transit); use https://")
+    return parse_url(source, allowed=WEIGHT_SCHEMES)
