@@ -50,7 +50,7 @@ def test_ambiguous_urls_are_refused(text: str, why: str) -> None:
 
 
 def test_weights_schemes() -> None:
-    for text in ("azure://acct1/ct1/p", "cw://b1/p", "https://h/p/f.bin", "hf://o/r@main", "s3://b1/p", "gs://b1/p"):
+    for text in ("azure://acct1/ct1/p", "cw://bk1/p", "https://h/p/f.bin", "hf://o/r@main", "s3://bk1/p", "gs://bk1/p"):
         assert parse_source_uri(text).canonical
     with pytest.raises(SourceSpecError, match="use https://"):
         parse_source_uri("http://h/f.bin")
