@@ -41,8 +41,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from slurm_bt.checkpoints.scan import CompletionTracker  # noqa: E402
-from slurm_bt.checkpoints.store import StoreCredentials, open_store  # noqa: E402
+from slurm_bt.checkpoints.store import open_store  # noqa: E402
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader  # noqa: E402
+from slurm_bt.storage.credentials import Credentials  # noqa: E402
 from tests.servers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedS3, start_seaweed  # noqa: E402
 
 MiB = 1024 * 1024
@@ -70,7 +71,7 @@ def make_checkpoint(root: Path, files: int, file_mib: int) -> int:
 
 def run_slurm_bt(server: SeaweedS3, src: Path, tag: str) -> None:
     store = open_store(f"s3://{BUCKET}/ours-{tag}?endpoint_url={server.endpoint}",
-                       credentials=StoreCredentials(ACCESS_KEY, SECRET_KEY))
+                       credentials=Credentials(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY))
     up = RankUploader(store=store, ident=JobIdentity("bench", "bench", tag, "bench", 0, 1), checkpoint_dir=src.parent,
                       tracker=CompletionTracker(quiet_s=3600), log=lambda r, m: None)
     try:

@@ -22,7 +22,7 @@ Store layout (a ``file://``, ``s3://``, ``r2://`` or ``gs://`` URI from the site
     <store>/<project_id>/<job_id>/ranks/rank-<n>.json             authoritative, one writer each
     <store>/<project_id>/<job_id>/rank-<n>/<checkpoint>/<files>   content
 
-Importing this package imports no storage client; boto3 and google-cloud-storage load on first use.
+Importing this package imports no storage client; object stores load theirs on first use (slurm_bt/storage).
 """
 
 from __future__ import annotations

@@ -60,6 +60,10 @@ class ObjectStore:
         self.part_size = int(opts.get("part_size_mib", "64")) * _MiB
         self.concurrency = max(1, int(opts.get("concurrency", "8")))
         self.url = StorageUrl(uri.scheme, uri.bucket, uri.prefix, account=uri.account)
+        if credentials is None and not (uri.scheme == "gs" and opts.get("endpoint_url")):
+            # No secret and no service credentials: the SDK's default chain, as root-configured
+            # stores on cloud nodes expect (docs/checkpoints.md); a gs:// emulator is anonymous.
+            credentials = Credentials(ambient=True)
         self._backend = open_backend(
             self.url, credentials=credentials, endpoints=store_endpoints(uri),
             options=TransportOptions(read_timeout_s=120.0, max_connections=self.concurrency + 4, list_retries=6))

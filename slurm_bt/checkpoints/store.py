@@ -1,9 +1,10 @@
 """The checkpoint store: a small interface, a ``file://`` backend, and a lazy registry for the rest.
 
 Why a four-verb interface (:class:`CheckpointStore`): the uploader, the resolver and the CLI only
-ever put a file, get a file, read/write a small JSON object and list "directories". Object-store
-specifics (multipart, checksum headers, ranged GETs) stay inside :mod:`.s3` and :mod:`.gcs`, which
-import their heavy clients only when a store of that scheme is opened.
+ever put a file, get a file, read/write a small JSON object and list "directories". Object stores
+are :class:`~slurm_bt.checkpoints.object_store.ObjectStore`, an adapter over the one storage layer
+(:mod:`slurm_bt.storage`: clients, credentials, multipart, checksum headers, ranged GETs), whose
+client libraries are imported only when a store of that scheme is opened.
 
 Integrity (threats-and-faults.md R6): every backend hashes what it sends with sha256 *while
 sending it* and returns that digest, which the caller records in the index; every download is
@@ -30,68 +31,28 @@ import pwd
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from slurm_bt.atomic import atomic_output
 from slurm_bt.checkpoints.layout import StoreUri, parse_store_uri
 from slurm_bt.errors import StorageError
+from slurm_bt.storage.checksums import CHUNK_BYTES, sha256_fd
+from slurm_bt.storage.credentials import Credentials
+from slurm_bt.storage.transfer import UploadResult
 from slurm_bt.trusted_files import describe_owner, is_team_dir
 
 __all__ = [
-    "CHUNK_BYTES",
     "SMALL_OBJECT_MAX_BYTES",
     "CheckpointStore",
     "FileStore",
-    "StoreCredentials",
     "UntrustedLocation",
     "UploadResult",
     "check_upload_location",
     "credentials_for",
     "open_store",
-    "sha256_fd",
     "team_gid",
 ]
-
-CHUNK_BYTES = 8 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class UploadResult:
-    """What one verified upload produced.
-
-    Attributes:
-        sha256: hex digest of the bytes sent (computed while sending).
-        size: bytes sent.
-        verified: how the store confirmed it: ``sha256`` (the store checked our sha256),
-            ``composite-crc32c`` / ``composite-crc32`` / ``composite-sha256`` (per-part checksums
-            checked on receipt plus the object's composite checksum compared after completion),
-            ``size`` (the store offers nothing better), ``local`` (``file://``: written and fsynced).
-        skipped: the object was already there with the same content.
-        resumed_parts: parts of an interrupted multipart upload that were verified against the
-            local bytes and kept instead of being sent again.
-    """
-
-    sha256: str
-    size: int
-    verified: str
-    skipped: bool = False
-    resumed_parts: int = 0
-
-
-@dataclass(frozen=True, repr=False)
-class StoreCredentials:
-    """Credentials for one object store; ``repr`` never shows values."""
-
-    aws_access_key_id: str | None = None
-    aws_secret_access_key: str | None = None
-    aws_session_token: str | None = None
-    gcs_service_account: dict[str, object] | None = None
-
-    def __repr__(self) -> str:
-        kind = "aws-keys" if self.aws_access_key_id else "gcs-key" if self.gcs_service_account else "default-chain"
-        return f"StoreCredentials({kind}, values hidden)"
 
 
 class CheckpointStore(Protocol):
@@ -122,20 +83,6 @@ class CheckpointStore(Protocol):
     def close(self) -> None:
         """Release connections and threads."""
         ...
-
-
-def sha256_fd(fd: int, size: int | None = None) -> str:
-    """Hash an open file from offset 0 (``pread``: the caller's offset is untouched)."""
-    h = hashlib.sha256()
-    offset = 0
-    while size is None or offset < size:
-        want = CHUNK_BYTES if size is None else min(CHUNK_BYTES, size - offset)
-        chunk = os.pread(fd, want, offset)
-        if not chunk:
-            break
-        h.update(chunk)
-        offset += len(chunk)
-    return h.hexdigest()
 
 
 def team_gid(account: str | None) -> int:
@@ -626,7 +573,7 @@ def _copy_verified(fd: int, dest: Path, *, size: int, sha256: str, uri: str) -> 
                                  expected=f"{sha256} ({size} bytes)", actual=f"{h.hexdigest()} ({offset} bytes)")
 
 
-def credentials_for(uri: StoreUri, secret_store_root: str | None) -> StoreCredentials | None:
+def credentials_for(uri: StoreUri, secret_store_root: str | None) -> Credentials | None:
     """The credentials the *current process* may use for ``uri``.
 
     Order: ``service_credentials`` (only when running as root: a root-owned 0600 JSON file; used by
@@ -661,7 +608,7 @@ def credentials_for(uri: StoreUri, secret_store_root: str | None) -> StoreCreden
     return None
 
 
-def _parse_credentials(uri: StoreUri, raw: str, what: str) -> StoreCredentials:
+def _parse_credentials(uri: StoreUri, raw: str, what: str) -> Credentials:
     try:
         data = json.loads(raw)
     except ValueError:
@@ -669,12 +616,13 @@ def _parse_credentials(uri: StoreUri, raw: str, what: str) -> StoreCredentials:
     if not isinstance(data, dict):
         raise StorageError(uri.display(), f"{what} must be a JSON object")
     if uri.scheme == "gs":
-        return StoreCredentials(gcs_service_account=data)
+        return Credentials(gcs_service_account=data)
     key, secret = data.get("aws_access_key_id"), data.get("aws_secret_access_key")
     if not isinstance(key, str) or not isinstance(secret, str):
         raise StorageError(uri.display(), f"{what} must hold aws_access_key_id and aws_secret_access_key")
     token = data.get("aws_session_token")
-    return StoreCredentials(key, secret, token if isinstance(token, str) else None)
+    return Credentials(aws_access_key_id=key, aws_secret_access_key=secret,
+                       aws_session_token=token if isinstance(token, str) else None)
 
 
 def check_upload_location(store_uri: str, project_id: str, job_id: str, *, account: str | None) -> None:
@@ -691,21 +639,16 @@ def check_upload_location(store_uri: str, project_id: str, job_id: str, *, accou
         FileStore(uri, gid=team_gid(account)).check_upload_location(project_id, job_id)
 
 
-def open_store(uri: str | StoreUri, *, credentials: StoreCredentials | None = None,
+def open_store(uri: str | StoreUri, *, credentials: Credentials | None = None,
                gid: int | None = None) -> CheckpointStore:
-    """Open the store named by ``uri`` (the backend's client library is imported here, lazily)."""
+    """Open the store named by ``uri`` (an object store's client library is imported here, lazily).
+
+    Raises:
+        MissingExtraError: the scheme's optional packages are not installed (names the extra).
+    """
     parsed = parse_store_uri(uri) if isinstance(uri, str) else uri
     if parsed.scheme == "file":
         return FileStore(parsed, gid=gid)
-    if parsed.scheme in ("s3", "r2"):
-        try:
-            from slurm_bt.checkpoints.s3 import S3Store
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise StorageError(parsed.display(), "boto3 is not installed: pip install 'slurm-bt[s3]'") from exc
-        return S3Store(parsed, credentials=credentials)
-    try:
-        from slurm_bt.checkpoints.gcs import GcsStore
-    except ImportError as exc:  # pragma: no cover
-        raise StorageError(parsed.display(),
-                           "google-cloud-storage is not installed: pip install 'slurm-bt[gcs]'") from exc
-    return GcsStore(parsed, credentials=credentials)
+    from slurm_bt.checkpoints.object_store import ObjectStore
+
+    return ObjectStore(parsed, credentials=credentials)

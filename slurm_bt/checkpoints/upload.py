@@ -255,7 +255,7 @@ class RankUploader:
             size = os.fstat(fd).st_size
             expect = None
             if prev is not None and prev.size == size:
-                from slurm_bt.checkpoints.store import sha256_fd
+                from slurm_bt.storage.checksums import sha256_fd
 
                 local = sha256_fd(fd, size)
                 expect = local if local == prev.sha256 else None

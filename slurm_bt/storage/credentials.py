@@ -49,6 +49,12 @@ class Credentials:
     azure_account_key: str | None = None
     azure_sas_token: str | None = None
     azure_connection_string: str | None = None
+    ambient: bool = False
+    """Use the client library's default chain (environment, instance profile, metadata server).
+
+    Only root-configured checkpoint stores without a secret ask for this (docs/checkpoints.md);
+    weights sources never do.
+    """
 
     @property
     def hf_token(self) -> str | None:
@@ -68,6 +74,8 @@ class Credentials:
             )
             if value
         ]
+        if self.ambient:
+            kinds.append("default-chain")
         return f"Credentials({', '.join(kinds) or 'anonymous'}, values hidden)"
 
 

@@ -49,7 +49,9 @@ class GcsBackend(FsspecBackend):
         self._endpoint = endpoints.gcs_endpoint
         sa = credentials.gcs_service_account if credentials else None
         token: Any = "anon"  # noqa: S105 - gcsfs's name for anonymous access
-        project = "slurm-bt"
+        project: str | None = "slurm-bt"
+        if sa is None and credentials is not None and credentials.ambient:
+            token, project = None, None  # gcsfs: google_default, then the metadata server
         if sa is not None:
             from google.oauth2 import service_account
 

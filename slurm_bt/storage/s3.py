@@ -108,7 +108,7 @@ class S3Backend(FsspecBackend):
         self.list_retries = options.list_retries
         self.settings = client_settings(url, endpoints)
         creds = credentials or Credentials()
-        signed = creds.aws_access_key_id is not None
+        signed = creds.aws_access_key_id is not None or creds.ambient
         session = boto3.session.Session(
             aws_access_key_id=creds.aws_access_key_id, aws_secret_access_key=creds.aws_secret_access_key,
             aws_session_token=creds.aws_session_token, region_name=self.settings.region)
@@ -124,7 +124,7 @@ class S3Backend(FsspecBackend):
         # uploader never lists, so it never pays for them.
         self._fs: Any = None
         self._fs_kwargs: dict[str, Any] = dict(
-            anon=not signed, key=creds.aws_access_key_id, secret=creds.aws_secret_access_key,
+            anon=not signed and not creds.ambient, key=creds.aws_access_key_id, secret=creds.aws_secret_access_key,
             token=creds.aws_session_token, endpoint_url=endpoint, skip_instance_cache=True,
             use_listings_cache=False, client_kwargs={"region_name": self.settings.region},
             config_kwargs=fs_config)

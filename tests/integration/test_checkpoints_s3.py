@@ -18,13 +18,18 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.checkpoints.scan import CompletionTracker
-from slurm_bt.checkpoints.store import StoreCredentials, open_store
+from slurm_bt.checkpoints.store import open_store
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader, read_job_index
 from slurm_bt.errors import StorageError
+from slurm_bt.storage.credentials import Credentials
 from tests.servers.fixtures import seaweed  # noqa: F401  (session fixture)
 from tests.servers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedS3
 
 BUCKET = "ckpt-it"
+
+
+def _creds(key: str, secret: str) -> Credentials:
+    return Credentials(aws_access_key_id=key, aws_secret_access_key=secret)
 
 
 def _uri(server: SeaweedS3, extra: str = "") -> str:
@@ -42,7 +47,7 @@ def _sha(path: Path) -> str:
 
 
 def test_multipart_upload_is_verified_and_downloads_identically(s3: SeaweedS3, tmp_path: Path) -> None:
-    store = open_store(_uri(s3), credentials=StoreCredentials(ACCESS_KEY, SECRET_KEY))
+    store = open_store(_uri(s3), credentials=_creds(ACCESS_KEY, SECRET_KEY))
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(21 * 1024 * 1024 + 123))
     fd = os.open(src, os.O_RDONLY)
@@ -63,7 +68,7 @@ def test_multipart_upload_is_verified_and_downloads_identically(s3: SeaweedS3, t
 
 
 def test_rank_uploader_on_s3(s3: SeaweedS3, tmp_path: Path) -> None:
-    store = open_store(_uri(s3), credentials=StoreCredentials(ACCESS_KEY, SECRET_KEY))
+    store = open_store(_uri(s3), credentials=_creds(ACCESS_KEY, SECRET_KEY))
     ckpt = tmp_path / "ckpt"
     (ckpt / "checkpoint-5/sub").mkdir(parents=True)
     (ckpt / "checkpoint-5/model.bin").write_bytes(os.urandom(9 * 1024 * 1024))
@@ -83,8 +88,10 @@ def test_rank_uploader_on_s3(s3: SeaweedS3, tmp_path: Path) -> None:
 
 KILL_SCRIPT = """
 import os, sys
-from slurm_bt.checkpoints.store import StoreCredentials, open_store
-store = open_store(sys.argv[1] + "&concurrency=1", credentials=StoreCredentials(sys.argv[3], sys.argv[4]))
+from slurm_bt.checkpoints.store import open_store
+from slurm_bt.storage.credentials import Credentials
+store = open_store(sys.argv[1] + "&concurrency=1",
+                   credentials=Credentials(aws_access_key_id=sys.argv[3], aws_secret_access_key=sys.argv[4]))
 fd = os.open(sys.argv[2], os.O_RDONLY)
 print("started", flush=True)
 store.upload_file(fd, os.fstat(fd).st_size, "kill/victim.bin")
@@ -114,7 +121,7 @@ def test_kill_9_during_multipart_then_rerun(s3: SeaweedS3, tmp_path: Path) -> No
     with pytest.raises(client.exceptions.ClientError):
         client.head_object(Bucket=BUCKET, Key="store/kill/victim.bin")  # nothing under the final key
     assert client.list_multipart_uploads(Bucket=BUCKET, Prefix="store/kill/").get("Uploads"), "left incomplete"
-    store = open_store(_uri(s3), credentials=StoreCredentials(ACCESS_KEY, SECRET_KEY))
+    store = open_store(_uri(s3), credentials=_creds(ACCESS_KEY, SECRET_KEY))
     fd = os.open(src, os.O_RDONLY)
     try:
         res = store.upload_file(fd, src.stat().st_size, "kill/victim.bin")
@@ -132,7 +139,7 @@ def test_kill_9_during_multipart_then_rerun(s3: SeaweedS3, tmp_path: Path) -> No
 
 def test_resume_resends_parts_that_differ_from_the_local_file(s3: SeaweedS3, tmp_path: Path) -> None:
     """An interrupted upload whose stored parts are stale (file rewritten) or corrupt: only matching parts are kept."""
-    from slurm_bt.checkpoints.s3 import part_checksum_function
+    from slurm_bt.storage.s3_upload import part_checksum_function
 
     crc = part_checksum_function("crc32c")
     part = 8 * 1024 * 1024  # the store's part_size_mib in _uri
@@ -148,7 +155,7 @@ def test_resume_resends_parts_that_differ_from_the_local_file(s3: SeaweedS3, tmp
     for number, body in ((1, data[:part]), (2, stale)):  # part 1 matches the file, part 2 is stale
         client.upload_part(Bucket=BUCKET, Key=key, UploadId=up, PartNumber=number, Body=body,
                            ChecksumCRC32C=base64.b64encode(crc(body)).decode())
-    store = open_store(_uri(s3), credentials=StoreCredentials(ACCESS_KEY, SECRET_KEY))
+    store = open_store(_uri(s3), credentials=_creds(ACCESS_KEY, SECRET_KEY))
     fd = os.open(src, os.O_RDONLY)
     try:
         res = store.upload_file(fd, len(data), "resume/model.bin")
@@ -163,7 +170,7 @@ def test_resume_resends_parts_that_differ_from_the_local_file(s3: SeaweedS3, tmp
 
 
 def test_wrong_credentials_are_a_clear_error(s3: SeaweedS3, tmp_path: Path) -> None:
-    store = open_store(_uri(s3), credentials=StoreCredentials("nobody", "wrong-secret"))
+    store = open_store(_uri(s3), credentials=_creds("nobody", "wrong-secret"))
     with pytest.raises(StorageError, match=r"access denied|InvalidAccessKeyId|SignatureDoesNotMatch"):
         store.write_bytes("x/index.json", b"{}")
     store.close()

@@ -180,13 +180,15 @@ MOTO_SCRIPT = r"""
 import os, sys
 from pathlib import Path
 import boto3, moto
-from slurm_bt.checkpoints.store import StoreCredentials, open_store
+from slurm_bt.checkpoints.store import open_store
+from slurm_bt.storage.credentials import Credentials
 from slurm_bt.errors import IntegrityError
 tmp = Path(sys.argv[1])
 with moto.mock_aws():
     client = boto3.client("s3", region_name="us-east-1")
     client.create_bucket(Bucket="ckpts")
-    store = open_store("s3://ckpts/pre?part_size_mib=5", credentials=StoreCredentials("k", "s"))
+    store = open_store("s3://ckpts/pre?part_size_mib=5",
+                       credentials=Credentials(aws_access_key_id="k", aws_secret_access_key="s"))
     assert store.read_bytes("missing.json") is None
     store.write_bytes("p/1/index.json", b'{"x": 1}')  # keys are relative to the URI's prefix ("pre")
     store.write_bytes("p/2/index.json", b"{}")
