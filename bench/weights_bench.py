@@ -45,11 +45,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from slurm_bt.storage.credentials import parse_credentials  # noqa: E402
+from slurm_bt.storage.endpoints import StorageEndpoints  # noqa: E402
 from slurm_bt.weights.cluster_cache import ClusterCache  # noqa: E402
 from slurm_bt.weights.job_view import bwrap_argv, link_job_weights  # noqa: E402
 from slurm_bt.weights.node_cache import NodeCache  # noqa: E402
 from slurm_bt.weights.plan import SourcePin, list_selected, pin_key  # noqa: E402
-from slurm_bt.weights.sources import SourceEndpoints, parse_credentials  # noqa: E402
 from slurm_bt.weights.stage_job import stage_source  # noqa: E402
 from tests.servers.seaweed import ACCESS_KEY, SECRET_KEY, start_seaweed  # noqa: E402
 
@@ -129,7 +130,7 @@ def total(files: dict[str, bytes]) -> int:
 # -- ours --------------------------------------------------------------------------------------------------
 
 
-def ours(source: str, endpoints: SourceEndpoints, creds: Any, root: Path) -> tuple[float, ClusterCache, Any]:
+def ours(source: str, endpoints: StorageEndpoints, creds: Any, root: Path) -> tuple[float, ClusterCache, Any]:
     """stage_source into a fresh team tier; returns (seconds, tier, manifest)."""
     cache = ClusterCache(root, dir_mode=0o755)
     t0 = time.perf_counter()
@@ -166,7 +167,7 @@ def bench_s3(sets: dict[str, dict[str, bytes]], work: Path) -> dict[str, Any]:
         for name, files in sets.items():
             nbytes = total(files)
             for plane in ("presigned", "boto3"):
-                ep = SourceEndpoints(s3_endpoint_url=server.endpoint, s3_addressing_style="path", s3_data_plane=plane)
+                ep = StorageEndpoints(s3_endpoint_url=server.endpoint, s3_addressing_style="path", s3_data_plane=plane)
                 dest = work / f"s3-ours-{plane}-{name}"
                 secs = best_of(lambda ep=ep, dest=dest, name=name: ours(f"s3://bench/{name}", ep, creds, dest)[0],
                                lambda dest=dest: drop_tree(dest))
@@ -239,7 +240,7 @@ def crt_get(endpoint: str, bucket: str, key: str, dest: Path) -> float:
 def bench_hf(sets: dict[str, dict[str, bytes]], work: Path, endpoint: str,
              commits: dict[str, str]) -> dict[str, tuple[ClusterCache, Any]]:
     kept: dict[str, tuple[ClusterCache, Any]] = {}
-    ep = SourceEndpoints(hf_endpoint=endpoint)
+    ep = StorageEndpoints(hf_endpoint=endpoint)
     for name, files in sets.items():
         repo, commit, nbytes = f"Bench/{name}", commits[name], total(files)
         dest = work / f"hf-ours-{name}"

@@ -33,7 +33,7 @@ from slurm_bt.site_file import (
     read_site_table,
     user_path,
 )
-from slurm_bt.weights.sources.config import SourceEndpoints
+from slurm_bt.storage.endpoints import StorageEndpoints
 
 __all__ = [
     "DEFAULT_SITE_PATH",
@@ -105,8 +105,8 @@ class StorageRoots(_Strict):
 
 
 # -- weights delivery (slurm_bt.weights.plan / stage_job / node_stage) -------------------------------
-def _source_endpoints() -> SourceEndpoints:
-    return SourceEndpoints()
+def _source_endpoints() -> StorageEndpoints:
+    return StorageEndpoints()
 
 
 class WeightsSettings(_Strict):
@@ -126,7 +126,7 @@ class WeightsSettings(_Strict):
         bwrap: absolute path of bubblewrap on the compute nodes (host jobs' private views).
     """
 
-    endpoints: SourceEndpoints = Field(default_factory=_source_endpoints)
+    endpoints: StorageEndpoints = Field(default_factory=_source_endpoints)
     node_cache_max_bytes: int = Field(default=200 * 1024**3, gt=0)
     node_cache_reserve_bytes: int = Field(default=1024**3, ge=0)
     verify_node_copy: Literal["team", "all"] = "team"

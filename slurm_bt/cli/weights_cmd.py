@@ -157,9 +157,9 @@ def warm_source(source: str, *, allow: Any = None, ignore: Any = None, secret: s
     """``cache warm``: what a staging job does for one source, here and now; returns the log line."""
     from slurm_bt.secrets_store import SecretStore
     from slurm_bt.site_settings import user_path
+    from slurm_bt.storage.credentials import credentials_from_store
+    from slurm_bt.storage.url import parse_source_uri
     from slurm_bt.weights.plan import SourcePin, cluster_tiers, list_selected, pin_key, team_for_user
-    from slurm_bt.weights.sources.config import credentials_from_store
-    from slurm_bt.weights.sources.uri import parse_source_uri
     from slurm_bt.weights.stage_job import ensure_team_root, stage_source
 
     site = _site()

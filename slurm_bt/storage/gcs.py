@@ -73,19 +73,24 @@ class GcsBackend(FsspecBackend):
     def _root(self) -> str:
         return f"{self.url.container}/{self.url.prefix}" if self.url.prefix else self.url.container
 
-    def _to_remote(self, path: str, info: dict[str, Any]) -> RemoteFile:
+    def _checksums(self, item: dict[str, Any]) -> tuple[OriginChecksum, ...]:
+        """crc32c (every object) and md5Hash (absent on composite objects) as the listing gives them."""
         checks = []
         fields: tuple[tuple[str, ChecksumKind], ...] = (("crc32c", "crc32c"), ("md5Hash", "md5"))
         try:
             for field, kind in fields:
-                value = b64_to_hex(info.get(field))
+                value = b64_to_hex(item.get(field))
                 if value is not None:
                     checks.append(OriginChecksum(kind, value, field))
         except ValueError as exc:
-            raise SourceError(self.url.canonical, f"object {path!r} has a malformed {field}") from exc
+            raise SourceError(self.url.canonical, f"object {item.get('name')!r} has a malformed {field}") from exc
+        return tuple(checks)
+
+    def _to_remote(self, path: str, info: dict[str, Any]) -> RemoteFile:
+        checks = self._checksums(info)
         generation = info.get("generation")
         return RemoteFile(path, int(info["size"]), None, etag=str(generation) if generation else None,
-                          checksums=tuple(checks))
+                          checksums=checks)
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept-Encoding": "identity"}

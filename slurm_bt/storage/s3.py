@@ -1,4 +1,4 @@
-"""``s3://``, ``r2://`` and ``cw://`` (CoreWeave): the S3 API through s3fs and, below it, boto3.
+"""``s3://``, ``r2://`` and ``cw://`` (CoreWeave): the S3 API through boto3, one client setup for all three.
 
 One client setup for the three schemes (:func:`client_settings`): R2 is the S3 API at the
 account's endpoint with region ``auto``; CoreWeave AI Object Storage is the S3 API at the site's
@@ -6,20 +6,22 @@ account's endpoint with region ``auto``; CoreWeave AI Object Storage is the S3 A
 because S3-alikes disagree with the SDK defaults. Without credentials requests are unsigned;
 ambient AWS credentials are never used.
 
-Where fsspec serves: listing (``find``) goes through s3fs, configured from the same settings.
-Where it does not, boto3 is used directly, and why:
+Why not s3fs (fsspec's S3): it runs on aiobotocore, which pins botocore to a narrow range (installing
+it next to boto3 downgraded botocore below the installed boto3 on the dev VM), and nothing it
+offers is what these URLs need. boto3 is used directly, and for each operation the reason it
+must be boto3 anyway:
 
-* ``stat`` and checksum HEADs: s3fs's ``info`` does not send ``ChecksumMode=ENABLED`` or
-  ``If-Match``, so it cannot return the full-object SHA256/CRC of the *listed* version;
+* listing and ``stat``: ``ListObjectsV2`` gives ``ChecksumAlgorithm``; the HEADs that follow send
+  ``ChecksumMode=ENABLED`` and ``If-Match`` (the full-object SHA256/CRC of the *listed* version),
+  which s3fs's ``info`` does not;
 * the data plane: each GET is presigned by boto3 (local SigV4, no network call) and read by the
   urllib3 range engine with ``If-Match`` = the listed ETag (``_http.py``); ``s3_data_plane=boto3``
-  reads through botocore instead;
+  reads through botocore instead (the checkpoint store does);
 * resumable verified multipart uploads with per-part checksums (``CreateMultipartUpload`` /
-  ``ListParts`` / ``UploadPart`` with ``Checksum*``), which s3fs's writer does not offer;
+  ``ListParts`` / ``UploadPart`` with ``Checksum*``, :mod:`.s3_upload`), which s3fs's writer does
+  not offer;
 * small writes send ``ChecksumSHA256`` so the server verifies the bytes (s3fs's ``pipe_file``
-  sends none); small reads and ``list_dirs`` are one ``GetObject`` / ``ListObjectsV2(Delimiter)``
-  on the same synchronous client, so the checkpoint store needs no event-loop thread (and works
-  under the in-process S3 emulator its unit tests use, which cannot serve aiobotocore).
+  sends none).
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError, SourceUnavailableError
-from slurm_bt.storage._fs import FsspecBackend
-from slurm_bt.storage.base import BodyStream, Listing, Pinned, RangeStream, RemoteFile, TransportOptions
+from slurm_bt.storage.base import Backend, BodyStream, Listing, Pinned, RangeStream, RemoteFile, TransportOptions
 from slurm_bt.storage.checksums import ChecksumKind, OriginChecksum, b64_to_hex, s3_etag_md5
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
@@ -73,7 +74,7 @@ def client_settings(url: StorageUrl, endpoints: StorageEndpoints) -> ClientSetti
 
 
 def boto_config(settings: ClientSettings, options: TransportOptions, *, signed: bool, retries: int) -> dict[str, Any]:
-    """botocore ``Config`` keyword arguments shared by the boto3 and the s3fs clients."""
+    """botocore ``Config`` keyword arguments shared by every client of the backend."""
     import botocore
 
     common: dict[str, Any] = {
@@ -92,7 +93,7 @@ def boto_config(settings: ClientSettings, options: TransportOptions, *, signed: 
     return common
 
 
-class S3Backend(FsspecBackend):
+class S3Backend(Backend):
     """A prefix of an S3, R2 or CoreWeave bucket."""
 
     writable = True
@@ -105,7 +106,6 @@ class S3Backend(FsspecBackend):
 
         self.url = url
         self.options = options
-        self.list_retries = options.list_retries
         self.settings = client_settings(url, endpoints)
         creds = credentials or Credentials()
         signed = creds.aws_access_key_id is not None or creds.ambient
@@ -114,20 +114,10 @@ class S3Backend(FsspecBackend):
             aws_session_token=creds.aws_session_token, region_name=self.settings.region)
         endpoint = self.settings.endpoint_url
         # Metadata lets botocore retry; data does not: the download engine resumes ranges itself.
-        self.meta = session.client("s3", endpoint_url=endpoint, config=Config(
+        self._meta = session.client("s3", endpoint_url=endpoint, config=Config(
             **boto_config(self.settings, options, signed=signed, retries=options.list_retries)))
-        self.data = session.client("s3", endpoint_url=endpoint, config=Config(
+        self._data = session.client("s3", endpoint_url=endpoint, config=Config(
             **boto_config(self.settings, options, signed=signed, retries=1)))
-        fs_config = boto_config(self.settings, options, signed=signed, retries=options.list_retries)
-        fs_config.pop("region_name")
-        # s3fs (and aiobotocore, aiohttp) are imported on the first listing only: a checkpoint
-        # uploader never lists, so it never pays for them.
-        self._fs: Any = None
-        self._fs_kwargs: dict[str, Any] = dict(
-            anon=not signed and not creds.ambient, key=creds.aws_access_key_id, secret=creds.aws_secret_access_key,
-            token=creds.aws_session_token, endpoint_url=endpoint, skip_instance_cache=True,
-            use_listings_cache=False, client_kwargs={"region_name": self.settings.region},
-            config_kwargs=fs_config)
         self._session, self._signed, self._transport = session, signed, options
         self._extra_clients: list[Any] = []
         self._pool: Any = None
@@ -135,22 +125,6 @@ class S3Backend(FsspecBackend):
             from slurm_bt.storage._http import make_pool
 
             self._pool = make_pool(options.connect_timeout_s, options.read_timeout_s, options.max_connections)
-
-    @property
-    def fs(self) -> Any:
-        """The s3fs filesystem (built on first use)."""
-        if self._fs is None:
-            try:
-                import s3fs
-            except ImportError as exc:
-                from slurm_bt.storage.registry import MissingExtraError
-
-                raise MissingExtraError(self.url.canonical, self.url.scheme, "s3", exc.name) from exc
-            self._fs = s3fs.S3FileSystem(**self._fs_kwargs)
-        return self._fs
-
-    def _root(self) -> str:
-        return f"{self.url.container}/{self.url.prefix}" if self.url.prefix else self.url.container
 
     # -- error mapping ---------------------------------------------------------------------------
     def map_error(self, exc: Exception, *, file: str | None = None, offset: int | None = None) -> SourceError:
@@ -225,7 +199,7 @@ class S3Backend(FsspecBackend):
         kwargs: dict[str, Any] = {"Bucket": self.url.container, "Key": key, "ChecksumMode": "ENABLED"}
         if etag:
             kwargs["IfMatch"] = etag  # the checksums of the listed version, not of a later overwrite
-        return dict(self.call(self.meta.head_object, **kwargs))
+        return dict(self.call(self._meta.head_object, **kwargs))
 
     def _remote_from_head(self, path: str, head: dict[str, Any], key: str) -> RemoteFile:
         sha, crcs = self._checks_from_head(head, key)
@@ -243,58 +217,65 @@ class S3Backend(FsspecBackend):
                           checksums=self._etag_check(etag))
 
     def list_files(self) -> Listing:
-        """List through s3fs; HEAD the objects whose listing lacks a checksum worth having.
+        """List every object under ``prefix/`` (directory semantics); one object if prefix is a key.
 
-        The HEAD is made when it buys something: always for SHA256 (no sha256 to compute), for a
-        CRC only when there is no MD5 ETag (multipart) or the object is big enough that checking a
-        CRC instead of an MD5 saves real CPU (``_HEAD_MIN_SIZE``), and for a multipart object whose
-        listing names no algorithm (SeaweedFS keeps full-object checksums but does not list them).
-        A prefix that is itself one object is listed as that object, re-rooted one level up.
+        Each object carries the checksums its origin vouches for: the MD5 of a single-part ETag
+        (free with the listing) and, from one HEAD, full-object SHA256/CRC32/CRC32C when the listing
+        says the object has them. The HEAD is made when it buys something: always for SHA256 (no
+        sha256 to compute), for a CRC only when there is no MD5 ETag (multipart) or the object is big
+        enough that checking a CRC instead of an MD5 saves real CPU (``_HEAD_MIN_SIZE``), and for a
+        multipart object whose listing names no algorithm (the store may not list them).
         """
-        try:
-            listing = super().list_files()
-        except SourceNotFoundError:
-            if not self.url.prefix:
-                raise
-            key = self.url.prefix
-            try:
-                head = self.head(key)
-            except SourceNotFoundError as exc:
-                raise SourceNotFoundError(self.url.canonical, "no object under this prefix") from exc
-            name = key.rsplit("/", 1)[-1]
-            self.url = self.url.with_prefix(key.rsplit("/", 1)[0] if "/" in key else "")
-            from slurm_bt.storage.base import listing_digest
+        from slurm_bt.storage.base import listing_digest
+        from slurm_bt.storage.url import safe_relative_path
 
-            one = [self._remote_from_head(name, head, key)]
-            return Listing(self.url, listing_digest(one), tuple(one))
-        raw: dict[str, dict[str, Any]] = {}
+        prefix = self.url.prefix
+        pages = self._meta.get_paginator("list_objects_v2").paginate(
+            Bucket=self.url.container, Prefix=f"{prefix}/" if prefix else "")
+        found: list[tuple[str, str, int, str | None, bool]] = []  # path, key, size, etag, head?
         try:
-            found = self.fs.find(self._root().rstrip("/") + "/", detail=True)
-            raw = {self._rel(k): v for k, v in found.items()}
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    key: str = obj["Key"]
+                    path = key[len(prefix) + 1:] if prefix else key
+                    if path.endswith("/") and obj["Size"] == 0:
+                        continue  # a "folder" marker made by consoles
+                    if not safe_relative_path(path):
+                        raise SourceError(self.url.canonical, f"object key {key!r} cannot be mirrored safely "
+                                          "(empty, '.' or '..' segment, or control character)")
+                    size, etag = int(obj["Size"]), obj.get("ETag")
+                    algos = set(obj.get("ChecksumAlgorithm", []))
+                    multipart = bool(etag) and "-" in str(etag)
+                    head = ("SHA256" in algos
+                            or (bool(algos & {"CRC32", "CRC32C"}) and (not self._etag_check(etag)
+                                                                      or size >= _HEAD_MIN_SIZE))
+                            # Some stores keep full-object checksums but do not list them (SeaweedFS);
+                            # a multipart object has nothing else that covers its content.
+                            or (multipart and not algos))
+                    found.append((path, key, size, etag, head))
+        except SourceError:
+            raise
         except Exception as exc:
             raise self.map_error(exc) from exc
-
-        def wants_head(f: RemoteFile) -> bool:
-            info = raw.get(f.path, {})
-            algos = set(info.get("ChecksumAlgorithm") or [])
-            multipart = bool(f.etag) and "-" in str(f.etag)
-            return ("SHA256" in algos
-                    or (bool(algos & {"CRC32", "CRC32C"}) and (not f.checksums or f.size >= _HEAD_MIN_SIZE))
-                    or (multipart and not algos))
-
-        wanted = [f for f in listing.files if wants_head(f)]
-        if not wanted:
-            return listing
-        with ThreadPoolExecutor(min(16, self.options.max_connections), thread_name_prefix="bt-head") as pool:
-            headed = dict(zip((f.path for f in wanted), pool.map(
-                lambda f: self._remote_from_head(f.path, self.head(self.url.key_for(f.path), f.etag),
-                                                 self.url.key_for(f.path)), wanted), strict=True))
-        files = tuple(headed.get(f.path, f) for f in listing.files)
-        return Listing(listing.uri, listing.revision, files)
-
-    def _rel(self, name: str) -> str:
-        root = self._root().rstrip("/")
-        return name[len(root) + 1:] if name.startswith(root + "/") else name
+        heads: dict[str, tuple[str | None, tuple[OriginChecksum, ...]]] = {}
+        wanted = [(key, etag) for _, key, _, etag, head in found if head]
+        if wanted:
+            with ThreadPoolExecutor(min(16, self.options.max_connections), thread_name_prefix="bt-head") as pool:
+                heads = dict(zip((k for k, _ in wanted), pool.map(
+                    lambda ke: self._checks_from_head(self.head(ke[0], ke[1]), ke[0]), wanted), strict=True))
+        files: list[RemoteFile] = []
+        for path, key, size, etag, _ in found:
+            sha, crcs = heads.get(key, (None, ()))
+            files.append(RemoteFile(path, size, sha, etag=etag, checksums=crcs + self._etag_check(etag)))
+        if not files and prefix:
+            try:
+                one = self.head(prefix)
+            except SourceNotFoundError as exc:
+                raise SourceNotFoundError(self.url.canonical, "no object under this prefix") from exc
+            # The single object lives at the prefix itself: re-root the URL one level up.
+            files = [self._remote_from_head(prefix.rsplit("/", 1)[-1], one, prefix)]
+            self.url = self.url.with_prefix(prefix.rsplit("/", 1)[0] if "/" in prefix else "")
+        return Listing(self.url, listing_digest(files), tuple(files))
 
     def etag_is_md5(self, file: RemoteFile) -> bool:
         """Whether ``file``'s ETag is its MD5: not under SSE-KMS (also DSSE-KMS) or SSE-C (one HEAD)."""
@@ -311,7 +292,7 @@ class S3Backend(FsspecBackend):
 
             # Presigning is local (SigV4 over the query string); Range and If-Match travel as
             # ordinary unsigned headers, which S3 allows, so the ETag pin is kept (412 if changed).
-            url = self.data.generate_presigned_url(
+            url = self._data.generate_presigned_url(
                 "get_object", Params={"Bucket": self.url.container, "Key": key}, ExpiresIn=3600)
             headers = {"Accept-Encoding": "identity"}
             if file.etag:
@@ -324,7 +305,7 @@ class S3Backend(FsspecBackend):
         if file.etag:
             kwargs["IfMatch"] = file.etag
         try:
-            resp = self.data.get_object(**kwargs)
+            resp = self._data.get_object(**kwargs)
         except Exception as exc:
             raise self.map_error(exc, file=file.path, offset=start) from exc
         body = resp["Body"]
@@ -357,13 +338,13 @@ class S3Backend(FsspecBackend):
         import base64
         import hashlib
 
-        self.call(self.meta.put_object, Bucket=self.url.container, Key=self.url.key_for(path), Body=data,
+        self.call(self._meta.put_object, Bucket=self.url.container, Key=self.url.key_for(path), Body=data,
                   ChecksumSHA256=base64.b64encode(hashlib.sha256(data).digest()).decode())
 
     def read_bytes(self, path: str, *, max_bytes: int = 64 << 20) -> bytes | None:
         """A small object's bytes (one ``GetObject``), or None when absent."""
         try:
-            resp = self.call(self.meta.get_object, Bucket=self.url.container, Key=self.url.key_for(path))
+            resp = self.call(self._meta.get_object, Bucket=self.url.container, Key=self.url.key_for(path))
         except SourceNotFoundError:
             return None
         if int(resp.get("ContentLength", 0)) > max_bytes:
@@ -377,7 +358,7 @@ class S3Backend(FsspecBackend):
         base = f"{full.rstrip('/')}/" if full else ""
         names: list[str] = []
         try:
-            for page in self.meta.get_paginator("list_objects_v2").paginate(
+            for page in self._meta.get_paginator("list_objects_v2").paginate(
                     Bucket=self.url.container, Prefix=base, Delimiter="/"):
                 names += [p["Prefix"][len(base):].rstrip("/") for p in page.get("CommonPrefixes", [])]
         except Exception as exc:
@@ -388,7 +369,7 @@ class S3Backend(FsspecBackend):
         """Close the clients' connection pools."""
         if self._pool is not None:
             self._pool.clear()
-        for client in (self.meta, self.data, *self._extra_clients):
+        for client in (self._meta, self._data, *self._extra_clients):
             try:
                 client.close()
             except Exception:  # noqa: S110 - best effort

@@ -16,7 +16,7 @@ Publish protocol (threats-and-faults.md §5, R6, R7) for every file:
    unverified, and a partial file is never visible under a final name. A file without a known
    sha256 (HF non-LFS, most object-store objects) is named by the sha256 computed here, and the
    same cursor also computes one checksum the origin published for it (git blob sha1, CRC32C,
-   CRC32 or MD5: :func:`slurm_bt.weights.sources.checksums.pick_check`), which must match: a body
+   CRC32 or MD5: :func:`slurm_bt.storage.checksums.pick_check`), which must match: a body
    corrupted in transit or at the origin is refused, not published under its own hash.
 5. ``rename`` to ``dest_dir/<sha256>`` and ``fsync`` the directory.
 
@@ -46,13 +46,14 @@ from typing import Any
 
 from slurm_bt.atomic import fsync_dir, temp_name
 from slurm_bt.errors import IntegrityError, SourceError, SourceUnavailableError, StorageError
+from slurm_bt.storage.base import Backend, RemoteFile, TransportOptions, backoff_delay_s
+from slurm_bt.storage.checksums import Hasher, OriginChecksum, new_hasher, pick_check
+from slurm_bt.storage.credentials import Credentials
+from slurm_bt.storage.endpoints import StorageEndpoints
+from slurm_bt.storage.registry import open_backend
+from slurm_bt.storage.url import StorageUrl, parse_source_uri
 from slurm_bt.weights.cache_layout import _start_writeback
 from slurm_bt.weights.manifest import Manifest, ManifestFile
-from slurm_bt.weights.sources._retry import backoff_delay_s
-from slurm_bt.weights.sources.base import RemoteFile, Source, TransportOptions, open_source
-from slurm_bt.weights.sources.checksums import Hasher, OriginChecksum, new_hasher, pick_check
-from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
-from slurm_bt.weights.sources.uri import SourceUri, parse_source_uri
 
 __all__ = [
     "DownloadOptions",
@@ -138,7 +139,7 @@ def _feed(sha: Any, side: Hasher | None, chunk: bytes) -> None:
         side.update(chunk)
 
 
-def _check_origin(source: Source, file: RemoteFile, check: OriginChecksum, got: str, *, published: bool) -> None:
+def _check_origin(source: Backend, file: RemoteFile, check: OriginChecksum, got: str, *, published: bool) -> None:
     """Raise IntegrityError unless ``got`` is the origin's ``check`` (or the check turns out not to apply).
 
     An S3/R2 ETag may look like an MD5 without being one (SSE-KMS, SSE-C): only after a mismatch is
@@ -170,7 +171,7 @@ class _Transfer:
 
     def __init__(
         self,
-        source: Source,
+        source: Backend,
         file: ManifestFile,
         fd: int,
         options: DownloadOptions,
@@ -309,7 +310,7 @@ def _publish(fd: int, tmp: Path, final: Path, mode: int) -> None:
 
 
 def fetch_file(
-    source: Source,
+    source: Backend,
     file: ManifestFile | RemoteFile,
     dest_dir: Path,
     *,
@@ -389,7 +390,7 @@ def fetch_file(
         raise
 
 
-def hash_remote_file(source: Source, file: RemoteFile, *, options: DownloadOptions | None = None) -> str:
+def hash_remote_file(source: Backend, file: RemoteFile, *, options: DownloadOptions | None = None) -> str:
     """sha256 of a remote file computed by streaming it once (no disk), with resume on resets.
 
     The origin's own checksum (git blob sha1, CRC32C, CRC32 or MD5), when listed, is checked on the
@@ -443,15 +444,15 @@ def hash_remote_file(source: Source, file: RemoteFile, *, options: DownloadOptio
 def open_manifest_source(
     manifest: Manifest,
     *,
-    credentials: SourceCredentials | None = None,
-    endpoints: SourceEndpoints | None = None,
+    credentials: Credentials | None = None,
+    endpoints: StorageEndpoints | None = None,
     options: DownloadOptions | None = None,
-) -> Source:
+) -> Backend:
     """The backend for ``manifest``'s source, pinned to its revision (HF commit)."""
     uri = parse_source_uri(manifest.source)
     if uri.kind == "hf":
-        uri = SourceUri("hf", uri.container, revision=manifest.revision)
-    return open_source(uri, credentials=credentials, endpoints=endpoints,
+        uri = StorageUrl("hf", uri.container, revision=manifest.revision)
+    return open_backend(uri, credentials=credentials, endpoints=endpoints,
                        options=(options or DownloadOptions()).transport)
 
 
@@ -459,8 +460,8 @@ def download_manifest(
     manifest: Manifest,
     dest_dir: Path,
     *,
-    credentials: SourceCredentials | None = None,
-    endpoints: SourceEndpoints | None = None,
+    credentials: Credentials | None = None,
+    endpoints: StorageEndpoints | None = None,
     options: DownloadOptions | None = None,
     files: Iterable[ManifestFile] | None = None,
     on_file: Callable[[ManifestFile, Path], None] | None = None,
@@ -510,8 +511,8 @@ def download_file(
     file: ManifestFile,
     dest_dir: Path,
     *,
-    credentials: SourceCredentials | None = None,
-    endpoints: SourceEndpoints | None = None,
+    credentials: Credentials | None = None,
+    endpoints: StorageEndpoints | None = None,
     options: DownloadOptions | None = None,
 ) -> Path:
     """Download one file of ``manifest`` into ``dest_dir/<sha256>`` and return that path.

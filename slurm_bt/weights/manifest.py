@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["Manifest", "ManifestFile", "SourceKind"]
 
-SourceKind = Literal["hf", "s3", "r2", "gs"]
+SourceKind = Literal["hf", "s3", "r2", "cw", "gs", "azure", "https"]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 

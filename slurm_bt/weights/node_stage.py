@@ -148,7 +148,7 @@ def _is_public(w: WeightsSpec, m: Manifest, shared: ClusterCache) -> bool:
 
 def _source_matches(declared: str, manifest: Manifest) -> bool:
     """The manifest belongs to the declared source (the Hub may re-case ids; one-object prefixes re-root)."""
-    from slurm_bt.weights.sources.uri import parse_source_uri
+    from slurm_bt.storage.url import parse_source_uri
 
     want = parse_source_uri(declared).canonical
     got = manifest.source

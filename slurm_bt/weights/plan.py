@@ -37,17 +37,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import Problem, SourceAccessError, SourceError, SourceNotFoundError, SourceSpecError
 from slurm_bt.render.quoting import sbatch_directive_value, shq
+from slurm_bt.storage.credentials import Credentials
+from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.trusted_files import read_trusted_file
 from slurm_bt.weights.manifest import Manifest, ManifestFile, SourceKind
-from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 
 if TYPE_CHECKING:
     from slurm_bt.job_spec import JobSpec, WeightsSpec
     from slurm_bt.secrets_store import SecretStore
     from slurm_bt.site_settings import SiteSettings
     from slurm_bt.slurm.client import SlurmClient
+    from slurm_bt.storage.base import Listing
     from slurm_bt.weights.cluster_cache import ClusterCache
-    from slurm_bt.weights.sources.base import Listing
 
 __all__ = [
     "PLAN_NAME",
@@ -145,7 +146,7 @@ class WeightsPlan(BaseModel):
     version: int = 1
     team: str
     cluster_cache: str
-    endpoints: SourceEndpoints
+    endpoints: StorageEndpoints
     sources: tuple[SourcePin, ...]
     bwrap: str = "/usr/bin/bwrap"
 
@@ -312,8 +313,8 @@ def select_listing(
     Raises:
         SourceSpecError: no file is left.
     """
+    from slurm_bt.storage.base import listing_digest
     from slurm_bt.weights.patterns import select_paths
-    from slurm_bt.weights.sources.s3 import listing_digest
 
     by_path = {f.path: f for f in listing.files}
     kept = select_paths(listing.uri.canonical, list(by_path), allow, ignore)
@@ -327,18 +328,18 @@ def list_selected(
     *,
     allow: Sequence[str] | None,
     ignore: Sequence[str] | None,
-    credentials: SourceCredentials | None,
-    endpoints: SourceEndpoints,
+    credentials: Credentials | None,
+    endpoints: StorageEndpoints,
 ) -> tuple[Listing, list[PinnedFile], str]:
     """List a source (metadata only, with the user's credentials) and select its files.
 
     Returns:
         (listing, selected files, revision), see :func:`select_listing`.
     """
-    from slurm_bt.weights.sources.base import open_source
-    from slurm_bt.weights.sources.uri import parse_source_uri
+    from slurm_bt.storage.registry import open_backend
+    from slurm_bt.storage.url import parse_source_uri
 
-    backend = open_source(parse_source_uri(uri_text), credentials=credentials, endpoints=endpoints)
+    backend = open_backend(parse_source_uri(uri_text), credentials=credentials, endpoints=endpoints)
     try:
         listing = backend.list_files()
     finally:
@@ -348,7 +349,7 @@ def list_selected(
 
 
 def _pin_one(
-    i: int, w: WeightsSpec, creds: SourceCredentials | None, endpoints: SourceEndpoints,
+    i: int, w: WeightsSpec, creds: Credentials | None, endpoints: StorageEndpoints,
     tiers: Sequence[tuple[str, ClusterCache]],
 ) -> SourcePin:
     listing, files, revision = list_selected(w.source, allow=w.allow_patterns, ignore=w.ignore_patterns,
@@ -380,7 +381,7 @@ def plan_weights(spec: JobSpec, site: SiteSettings, store: SecretStore, *, team:
         SourceError: exit 1; the origin was unreachable after bounded retries.
     """
     from slurm_bt.site_settings import user_path
-    from slurm_bt.weights.sources.config import credentials_from_store
+    from slurm_bt.storage.credentials import credentials_from_store
 
     base = user_path(site.storage.cluster_cache)
     team_tier, shared_tier = cluster_tiers(base, team)
@@ -391,7 +392,7 @@ def plan_weights(spec: JobSpec, site: SiteSettings, store: SecretStore, *, team:
     for i, w in enumerate(spec.weights):
         loc = f"job.weights[{i}].source"
         try:
-            from slurm_bt.weights.sources.uri import parse_source_uri
+            from slurm_bt.storage.url import parse_source_uri
 
             kind = parse_source_uri(w.source).kind
             creds = credentials_from_store(store, w.auth_secret_name, kind, source=w.source)

@@ -40,12 +40,14 @@ from typing import IO, Any
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import BtError, SourceError, StorageError
+from slurm_bt.storage.base import Backend
+from slurm_bt.storage.credentials import Credentials
+from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.weights.cluster_cache import ClusterCache, blob_present, team_tier_problem
 from slurm_bt.weights.job_status import format_bytes, write_staging_status
 from slurm_bt.weights.locks import LockOptions
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import SourcePin, cluster_tiers, job_manifest_path, lookup_pin, pin_key, select_listing
-from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
 
 __all__ = ["StageOutcome", "ensure_team_root", "format_bytes", "main", "stage_plan", "stage_source", "team_gid"]
 
@@ -130,8 +132,8 @@ class _CountingStream:
         self._inner.close()
 
 
-class _CountingSource:
-    """A Source whose range streams report bytes to the progress counter."""
+class _CountingSource(Backend):
+    """A backend whose range streams report bytes to the progress counter."""
 
     def __init__(self, inner: Any, progress: _Progress) -> None:
         self._inner = inner
@@ -141,11 +143,11 @@ class _CountingSource:
     def list_files(self) -> Any:
         return self._inner.list_files()
 
-    def open_range(self, file: ManifestFile, start: int, end: int | None) -> _CountingStream:
+    def open_range(self, file: Any, start: int, end: int | None) -> _CountingStream:
         return _CountingStream(self._inner.open_range(file, start, end), self._progress)
 
     def etag_is_md5(self, file: Any) -> bool:
-        """Forwarded: download.py asks it after an ETag-MD5 mismatch (SSE-KMS objects, sources/s3.py)."""
+        """Forwarded: download.py asks it after an ETag-MD5 mismatch (SSE-KMS objects, storage/s3.py)."""
         confirm = getattr(self._inner, "etag_is_md5", None)
         return True if confirm is None else bool(confirm(file))
 
@@ -233,8 +235,8 @@ def stage_source(
     team: ClusterCache,
     shared: ClusterCache,
     *,
-    credentials: SourceCredentials | None,
-    endpoints: SourceEndpoints,
+    credentials: Credentials | None,
+    endpoints: StorageEndpoints,
     options: Any = None,
     out: IO[str] = sys.stdout,
     progress_interval_s: float = 5.0,
@@ -247,9 +249,9 @@ def stage_source(
             "source changed since submit" (the pin key differs).
         StorageError, CacheLockTimeout: cluster-cache problems.
     """
+    from slurm_bt.storage.registry import open_backend
+    from slurm_bt.storage.url import parse_source_uri
     from slurm_bt.weights.download import DownloadOptions, fetch_file
-    from slurm_bt.weights.sources.base import open_source
-    from slurm_bt.weights.sources.uri import parse_source_uri
 
     opts: DownloadOptions = options or DownloadOptions(max_files=16)  # many small files: overlap fsyncs
     t0 = time.monotonic()
@@ -259,7 +261,7 @@ def stage_source(
         print(f"slurm-bt staging: warning: shared tier {shared.refused}", file=out, flush=True)
     team.layout.ensure(dir_mode=team.dir_mode)
     lock_opts = LockOptions(timeout_s=lock_timeout_s, log_every_s=30.0)
-    backend = open_source(parse_source_uri(pin.pinned_uri), credentials=credentials, endpoints=endpoints,
+    backend = open_backend(parse_source_uri(pin.pinned_uri), credentials=credentials, endpoints=endpoints,
                           options=opts.transport)
     try:
         with team.lock(f"pin-{pin.pin_key}", lock_opts):
@@ -325,7 +327,7 @@ def stage_plan(
     job_dir: Path,
     *,
     out: IO[str] = sys.stdout,
-    credentials_for: Callable[[SourcePin], SourceCredentials | None] | None = None,
+    credentials_for: Callable[[SourcePin], Credentials | None] | None = None,
     options: Any = None,
     progress_interval_s: float = 5.0,
 ) -> list[StageOutcome]:
@@ -372,17 +374,17 @@ def _collect_dead_writers(team: ClusterCache, out: IO[str]) -> None:
         print(f"slurm-bt staging: removed {p} (its writer is dead)", file=out, flush=True)
 
 
-def _store_credentials(job_dir: Path) -> Callable[[SourcePin], SourceCredentials | None]:
+def _store_credentials(job_dir: Path) -> Callable[[SourcePin], Credentials | None]:
     """Credentials from the user's secret store (the store named in the job's spec)."""
     from slurm_bt.job_spec import JobSpec
     from slurm_bt.secrets_store import SecretStore
     from slurm_bt.site_settings import user_path
-    from slurm_bt.weights.sources.config import credentials_from_store
+    from slurm_bt.storage.credentials import credentials_from_store
 
     spec = JobSpec.model_validate_json((job_dir / "job.json").read_bytes())
     store = SecretStore(Path(user_path(spec.storage["secrets"])))
 
-    def get(pin: SourcePin) -> SourceCredentials | None:
+    def get(pin: SourcePin) -> Credentials | None:
         return credentials_from_store(store, pin.auth_secret_name, pin.kind, source=pin.declared)
 
     return get

@@ -19,9 +19,12 @@ from slurm_bt.errors import (
     SourceSpecError,
     SourceUnavailableError,
 )
+from slurm_bt.storage.base import TransportOptions
+from slurm_bt.storage.credentials import Credentials
+from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.weights.download import DownloadOptions, download_file, download_manifest, remove_stale_temps
 from slurm_bt.weights.manifest import Manifest
-from slurm_bt.weights.sources import SourceCredentials, SourceEndpoints, TransportOptions, resolve
+from slurm_bt.weights.resolve import resolve
 from tests.servers.fixtures import fake_hub  # noqa: F401 - registered here until conftest imports it
 from tests.servers.hf_hub import FakeHub, Faults, _proc_free_port
 
@@ -47,8 +50,8 @@ def repo(fake_hub: FakeHub) -> tuple[str, dict[str, bytes]]:  # noqa: F811
     return name, files
 
 
-def ep(hub: FakeHub) -> SourceEndpoints:
-    return SourceEndpoints(hf_endpoint=hub.endpoint)
+def ep(hub: FakeHub) -> StorageEndpoints:
+    return StorageEndpoints(hf_endpoint=hub.endpoint)
 
 
 def _blob_names(d: Path) -> list[str]:
@@ -172,7 +175,7 @@ def test_transient_503_retried(fake_hub: FakeHub, repo: tuple[str, dict[str, byt
 
 def test_origin_unreachable(tmp_path: Path) -> None:
     port = _proc_free_port()
-    endpoints = SourceEndpoints(hf_endpoint=f"http://127.0.0.1:{port}")
+    endpoints = StorageEndpoints(hf_endpoint=f"http://127.0.0.1:{port}")
     t0 = time.monotonic()
     with pytest.raises(SourceUnavailableError) as info:
         resolve("hf://org/model", endpoints=endpoints, options=FAST)
@@ -185,19 +188,19 @@ def test_private_and_gated_auth(fake_hub: FakeHub) -> None:  # noqa: F811
     fake_hub.add_repo("acme/private", files, private=True, readers={"good"})
     fake_hub.add_repo("acme/gated", files, gated=True, readers={"good"})
     for repo in ("acme/private", "acme/gated"):
-        for creds in (None, SourceCredentials(hf_token="bad")):
+        for creds in (None, Credentials(token="bad")):
             with pytest.raises(SourceAccessError, match=f"not authorized for hf://{repo}"):
                 resolve(f"hf://{repo}", credentials=creds, endpoints=ep(fake_hub))
-        m = resolve(f"hf://{repo}", credentials=SourceCredentials(hf_token="good"), endpoints=ep(fake_hub))
+        m = resolve(f"hf://{repo}", credentials=Credentials(token="good"), endpoints=ep(fake_hub))
         assert m.files[0].sha256 == hashlib.sha256(files["model.safetensors"]).hexdigest()
 
 
 def test_download_needs_authorization_too(fake_hub: FakeHub, tmp_path: Path) -> None:  # noqa: F811
     """A pinned manifest is not a capability: the origin re-checks the requester (threats P11)."""
     fake_hub.add_repo("acme/private2", {"a.bin": b"z" * 3000}, private=True, readers={"good"})
-    m = resolve("hf://acme/private2", credentials=SourceCredentials(hf_token="good"), endpoints=ep(fake_hub))
+    m = resolve("hf://acme/private2", credentials=Credentials(token="good"), endpoints=ep(fake_hub))
     with pytest.raises(SourceAccessError, match="not authorized for hf://acme/private2"):
-        download_manifest(m, tmp_path, credentials=SourceCredentials(hf_token="bad"), endpoints=ep(fake_hub))
+        download_manifest(m, tmp_path, credentials=Credentials(token="bad"), endpoints=ep(fake_hub))
     assert _blob_names(tmp_path) == []
 
 
@@ -219,9 +222,9 @@ import sys
 from pathlib import Path
 from slurm_bt.weights.manifest import Manifest
 from slurm_bt.weights.download import download_manifest, DownloadOptions
-from slurm_bt.weights.sources import SourceEndpoints
+from slurm_bt.storage.endpoints import StorageEndpoints
 m = Manifest.model_validate_json(Path(sys.argv[1]).read_text())
-download_manifest(m, Path(sys.argv[2]), endpoints=SourceEndpoints(hf_endpoint=sys.argv[3]),
+download_manifest(m, Path(sys.argv[2]), endpoints=StorageEndpoints(hf_endpoint=sys.argv[3]),
                   options=DownloadOptions(part_size=1 << 20, parallel_threshold=2 << 20))
 """
 

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError
+from slurm_bt.storage.base import TransportOptions
+from slurm_bt.storage.credentials import parse_credentials
+from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.weights.download import DownloadOptions, download_manifest
-from slurm_bt.weights.sources import SourceEndpoints, TransportOptions, parse_credentials, resolve
+from slurm_bt.weights.resolve import resolve
 from tests.servers.fixtures import fake_gcs, seaweed  # noqa: F401 - registered here until conftest imports them
 from tests.servers.gcs import FakeGcs
 from tests.servers.seaweed import ACCESS_KEY, READ_ONLY_KEY, READ_ONLY_SECRET, SECRET_KEY, SeaweedS3
@@ -28,8 +31,8 @@ def creds(key: str = ACCESS_KEY, secret: str = SECRET_KEY) -> object:
                              source="s3://x", secret_name="aws")
 
 
-def ep(server: SeaweedS3) -> SourceEndpoints:
-    return SourceEndpoints(s3_endpoint_url=server.endpoint, s3_addressing_style="path",
+def ep(server: SeaweedS3) -> StorageEndpoints:
+    return StorageEndpoints(s3_endpoint_url=server.endpoint, s3_addressing_style="path",
                            r2_endpoint_template=server.endpoint)
 
 
@@ -112,7 +115,7 @@ def test_gcs_resolve_and_download(fake_gcs: FakeGcs, tmp_path: Path) -> None:  #
     data = {"m/a.safetensors": rnd.randbytes(5 * MiB + 1), "m/b/config.json": b"{}", "mx/c": b"no"}
     for key, body in data.items():
         fake_gcs.upload("gweights", key, body)
-    endpoints = SourceEndpoints(gcs_endpoint=fake_gcs.endpoint)
+    endpoints = StorageEndpoints(gcs_endpoint=fake_gcs.endpoint)
     m = resolve("gs://gweights/m", endpoints=endpoints, options=OPTS)
     assert m.kind == "gs" and [f.path for f in m.files] == ["a.safetensors", "b/config.json"]
     assert all(f.etag and f.etag.isdigit() for f in m.files)  # generations pin the versions

@@ -26,11 +26,14 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.errors import IntegrityError, SourceError
+from slurm_bt.storage.base import TransportOptions
+from slurm_bt.storage.checksums import git_blob_sha1
+from slurm_bt.storage.credentials import Credentials, parse_credentials
+from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.weights.cluster_cache import ClusterCache
 from slurm_bt.weights.download import DownloadOptions
 from slurm_bt.weights.plan import SourcePin, list_selected, pin_key
-from slurm_bt.weights.sources import SourceCredentials, SourceEndpoints, TransportOptions, parse_credentials, resolve
-from slurm_bt.weights.sources.checksums import git_blob_sha1
+from slurm_bt.weights.resolve import resolve
 from slurm_bt.weights.stage_job import stage_source
 from tests.servers.corrupt_proxy import CorruptingProxy
 from tests.servers.gcs import FakeGcs
@@ -42,7 +45,7 @@ OPTS = DownloadOptions(part_size=1 * MiB, parallel_threshold=2 * MiB, max_worker
                        transport=TransportOptions(read_timeout_s=5, connect_timeout_s=2, list_retries=2))
 
 
-def _stage(source: str, endpoints: SourceEndpoints, creds: SourceCredentials | None, root: Path) -> ClusterCache:
+def _stage(source: str, endpoints: StorageEndpoints, creds: Credentials | None, root: Path) -> ClusterCache:
     """Pin ``source`` as bt-sbatch does and stage it into a fresh team tier at ``root``."""
     cache = ClusterCache(root, dir_mode=0o755)
     listing, files, revision = list_selected(source, allow=None, ignore=None, credentials=creds, endpoints=endpoints)
@@ -77,7 +80,7 @@ def test_hf_non_lfs_body_corrupted_in_transit_is_refused(fake_hub: FakeHub, tmp_
     files = {"config.json": config, "tokenizer.json": b'{"v": 1}', "model.safetensors": rnd.randbytes(MiB + 5)}
     tag = rnd.randbytes(4).hex()
     fake_hub.add_repo(f"Org/Verify-{tag}", files)
-    ep = SourceEndpoints(hf_endpoint=fake_hub.endpoint)
+    ep = StorageEndpoints(hf_endpoint=fake_hub.endpoint)
     source = f"hf://Org/Verify-{tag}"
     oid = git_blob_sha1(config)
     with fake_hub.faults(Faults(paths={"config.json"}, corrupt_offset=1234, times=-1)):
@@ -110,7 +113,7 @@ def proxy(seaweed: SeaweedS3) -> Iterator[CorruptingProxy]:
         p.stop()
 
 
-def _s3_creds() -> SourceCredentials:
+def _s3_creds() -> Credentials:
     return parse_credentials("s3", json.dumps({"aws_access_key_id": ACCESS_KEY, "aws_secret_access_key": SECRET_KEY}),
                              source="s3://weights", secret_name="aws")
 
@@ -126,7 +129,7 @@ def test_s3_single_part_object_not_matching_its_etag_is_refused(seaweed: Seaweed
     client.put_object(Bucket="weights", Key=f"{prefix}/config.json", Body=b'{"a": 1}')
     md5 = hashlib.md5(big, usedforsecurity=False).hexdigest()
     assert client.head_object(Bucket="weights", Key=f"{prefix}/model.bin")["ETag"] == f'"{md5}"'
-    ep = SourceEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path", s3_data_plane=plane)
+    ep = StorageEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path", s3_data_plane=plane)
     proxy.corrupt[f"/weights/{prefix}/model.bin"] = 2 * MiB + 17
     with pytest.raises(IntegrityError) as err:
         _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
@@ -157,11 +160,11 @@ def test_s3_multipart_object_has_no_content_checksum_in_its_listing(seaweed: Sea
         parts.append({"ETag": r["ETag"], "PartNumber": n})
     client.complete_multipart_upload(Bucket="weights", Key=key, UploadId=up["UploadId"],
                                      MultipartUpload={"Parts": parts})
-    from slurm_bt.weights.sources.base import open_source
-    from slurm_bt.weights.sources.uri import parse_source_uri
+    from slurm_bt.storage.registry import open_backend
+    from slurm_bt.storage.url import parse_source_uri
 
-    src = open_source(parse_source_uri(f"s3://weights/{prefix}"), credentials=_s3_creds(),
-                      endpoints=SourceEndpoints(s3_endpoint_url=seaweed.endpoint, s3_addressing_style="path"))
+    src = open_backend(parse_source_uri(f"s3://weights/{prefix}"), credentials=_s3_creds(),
+                      endpoints=StorageEndpoints(s3_endpoint_url=seaweed.endpoint, s3_addressing_style="path"))
     try:
         [f] = src.list_files().files
     finally:
@@ -188,7 +191,7 @@ def test_s3_multipart_object_with_full_object_crc32_is_checked(seaweed: SeaweedS
         parts.append({"ETag": r["ETag"], "PartNumber": n, "ChecksumCRC32": r["ChecksumCRC32"]})
     client.complete_multipart_upload(Bucket="weights", Key=key, UploadId=up["UploadId"],
                                      MultipartUpload={"Parts": parts})
-    ep = SourceEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path")
+    ep = StorageEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path")
     proxy.corrupt[f"/weights/{key}"] = 5 * MiB + 1
     with pytest.raises(IntegrityError) as err:
         _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
@@ -209,7 +212,7 @@ def test_gcs_object_not_matching_its_crc32c_or_md5_is_refused(fake_gcs: FakeGcs,
     body = rnd.randbytes(2 * MiB + 9)
     fake_gcs.upload("gweights", f"{prefix}/rot/model.bin", body)
     fake_gcs.upload("gweights", f"{prefix}/md5/model.bin", body)
-    ep = SourceEndpoints(gcs_endpoint=fake_gcs.endpoint)
+    ep = StorageEndpoints(gcs_endpoint=fake_gcs.endpoint)
     # 1. bit rot at the origin: stored bytes changed, listing still has the original crc32c/md5Hash
     fake_gcs.corrupt_on_disk("gweights", f"{prefix}/rot/model.bin", MiB + 3)
     with pytest.raises(IntegrityError) as err:

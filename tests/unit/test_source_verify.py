@@ -20,11 +20,9 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.errors import IntegrityError
-from slurm_bt.weights.download import DownloadOptions, fetch_file, hash_remote_file
-from slurm_bt.weights.manifest import ManifestFile
-from slurm_bt.weights.sources import TransportOptions, checksums
-from slurm_bt.weights.sources.base import Listing, RemoteFile
-from slurm_bt.weights.sources.checksums import (
+from slurm_bt.storage import checksums
+from slurm_bt.storage.base import Listing, RemoteFile, TransportOptions
+from slurm_bt.storage.checksums import (
     OriginChecksum,
     b64_to_hex,
     git_blob_hasher,
@@ -33,7 +31,9 @@ from slurm_bt.weights.sources.checksums import (
     pick_check,
     s3_etag_md5,
 )
-from slurm_bt.weights.sources.uri import SourceUri
+from slurm_bt.storage.url import StorageUrl
+from slurm_bt.weights.download import DownloadOptions, fetch_file, hash_remote_file
+from slurm_bt.weights.manifest import ManifestFile
 
 MiB = 1 << 20
 OPTS = DownloadOptions(part_size=1 * MiB, parallel_threshold=2 * MiB, max_workers=4, backoff_base_s=0.0)
@@ -132,7 +132,7 @@ class MemSource:
     """Serves ``body`` for every file (ranges honoured); optionally answers ``etag_is_md5``."""
 
     def __init__(self, body: bytes, etag_is_md5: bool | None = None) -> None:
-        self.uri = SourceUri("s3", "bkt", "models")
+        self.uri = StorageUrl("s3", "bkt", "models")
         self.body = body
         self.asked: list[str] = []
         if etag_is_md5 is not None:
@@ -231,16 +231,17 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
     switched off for S3-compatibles whose ETags are something else."""
     from botocore.stub import Stubber
 
-    from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
-    from slurm_bt.weights.sources.s3 import S3Source
+    from slurm_bt.storage.credentials import Credentials
+    from slurm_bt.storage.endpoints import StorageEndpoints
+    from slurm_bt.storage.s3 import S3Backend
 
     md5 = hashlib.md5(b"small", usedforsecurity=False).hexdigest()
     crc = zlib.crc32(b"big").to_bytes(4, "big")
 
-    def listing(endpoints: SourceEndpoints, heads: list[dict[str, object]], *, check_params: bool = True,
+    def listing(endpoints: StorageEndpoints, heads: list[dict[str, object]], *, check_params: bool = True,
                 multi_head: dict[str, object] | None = None) -> dict[str, RemoteFile]:
         multi_head = multi_head or {}
-        src = S3Source(SourceUri("s3", "bkt", "m"), credentials=SourceCredentials(aws_access_key_id="a",
+        src = S3Backend(StorageUrl("s3", "bkt", "m"), credentials=Credentials(aws_access_key_id="a",
                        aws_secret_access_key="b"), endpoints=endpoints,
                        options=TransportOptions(max_connections=1))  # HEADs in listing order
         with Stubber(src._meta) as stub:
@@ -260,7 +261,7 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
             stub.assert_no_pending_responses()
         return files
 
-    ep = SourceEndpoints(s3_endpoint_url="http://127.0.0.1:9", s3_addressing_style="path")
+    ep = StorageEndpoints(s3_endpoint_url="http://127.0.0.1:9", s3_addressing_style="path")
     files = listing(ep, [{"ChecksumCRC32": base64.b64encode(crc).decode(), "ChecksumType": "FULL_OBJECT"}])
     etag = OriginChecksum("md5", md5, "ETag", maybe_not_content_hash=True)
     assert files["small.json"].checksums == (etag,)
@@ -273,16 +274,16 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
     assert files["small-crc.bin"].checksums == (etag,)  # small and MD5 ETag: no HEAD for a CRC
     composite: dict[str, object] = {"ChecksumCRC32": base64.b64encode(crc).decode() + "-3", "ChecksumType": "COMPOSITE"}
     assert listing(ep, [composite])["big.bin"].checksums == (etag,)
-    off = SourceEndpoints(s3_endpoint_url="http://127.0.0.1:9", s3_addressing_style="path", s3_etag_md5=False)
+    off = StorageEndpoints(s3_endpoint_url="http://127.0.0.1:9", s3_addressing_style="path", s3_etag_md5=False)
     files = listing(off, [composite, composite], check_params=False)  # no MD5 ETag: HEAD every CRC object
     assert all(f.checksums == () for f in files.values())
 
 
 def test_hf_and_gcs_listing_checksums() -> None:
-    from slurm_bt.weights.sources.config import SourceEndpoints
-    from slurm_bt.weights.sources.gcs import GcsSource
+    from slurm_bt.storage.endpoints import StorageEndpoints
+    from slurm_bt.storage.gcs import GcsBackend
 
-    src = GcsSource(SourceUri("gs", "bkt", ""), credentials=None, endpoints=SourceEndpoints(),
+    src = GcsBackend(StorageUrl("gs", "bkt", ""), credentials=None, endpoints=StorageEndpoints(),
                     options=OPTS.transport)
     assert src._checksums({"name": "a", "crc32c": "yZRlqg==", "md5Hash": "XrY7u+Ae7tCTyyK7j1rNww=="}) == (
         OriginChecksum("crc32c", "c99465aa", "crc32c"),

@@ -10,11 +10,8 @@ from pydantic import ValidationError
 
 from slurm_bt.errors import SourceSpecError
 from slurm_bt.secrets_store import SecretStore
-from slurm_bt.weights.sources.config import (
-    SourceEndpoints,
-    credentials_from_store,
-    parse_credentials,
-)
+from slurm_bt.storage.credentials import credentials_from_store, parse_credentials
+from slurm_bt.storage.endpoints import StorageEndpoints
 
 SECRET = "sk-CANARY-123"
 
@@ -62,21 +59,21 @@ def test_from_store(tmp_path: Path) -> None:
 
 
 def test_endpoints() -> None:
-    ep = SourceEndpoints(s3_endpoint_url="http://127.0.0.1:9000/", hf_endpoint="http://127.0.0.1:1/")
+    ep = StorageEndpoints(s3_endpoint_url="http://127.0.0.1:9000/", hf_endpoint="http://127.0.0.1:1/")
     assert ep.s3_endpoint_url == "http://127.0.0.1:9000"
     assert ep.r2_endpoint("abc") == "https://abc.r2.cloudflarestorage.com"
     assert ep.r2_checksum_when_required and not ep.s3_checksum_when_required
     with pytest.raises(ValidationError):
-        SourceEndpoints(gcs_endpoint="ftp://x")
+        StorageEndpoints(gcs_endpoint="ftp://x")
     with pytest.raises(ValidationError):
-        SourceEndpoints(unknown=1)  # type: ignore[call-arg]
+        StorageEndpoints(unknown=1)  # type: ignore[call-arg]
 
 
 def test_importing_sources_imports_no_heavy_client() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, slurm_bt.weights.sources, slurm_bt.weights.download; "
+    code = ("import sys, slurm_bt.storage, slurm_bt.weights.resolve, slurm_bt.weights.download; "
             "print([m for m in ('boto3', 'huggingface_hub', 'google.auth', 'urllib3') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_bt.errors import SourceSpecError
-from slurm_bt.weights.sources.uri import SourceUri, is_commit, parse_source_uri
+from slurm_bt.storage.url import StorageUrl, is_commit, parse_source_uri
 
 ACCT = "0123456789abcdef0123456789abcdef"
 
@@ -38,7 +38,7 @@ def test_valid(text: str, canonical: str, revision: str | None) -> None:
     [
         "hf://org/../x", "hf://a/b/c/d", "hf://a/b/c", "hf:///org/repo", "hf://", "hf://org/repo@",
         "hf://a/b@c@d", "hf://org/re po", "hf://org--x/y", "hf://org/repo.git", "hf://org/repo@../main",
-        "HF://org/repo", "http://x/y", "https://host/path", "file:///etc/passwd", "azure://acct/c",
+        "HF://org/repo", "http://x/y", "https://host/", "file:///etc/passwd", "azure://acct/c",
         "cw://b/k", "org/repo",
         "s3://", "s3:///k", "s3://b", "s3://Bucket/k", "s3://b//k", "s3://bkt//k", "s3://bkt/a//b",
         "s3://bkt/%2e%2e/k", "s3://bkt/../k", "s3://bkt/./k", "s3://bkt/k@v1", "s3://bkt/a\nb",
@@ -64,13 +64,18 @@ def test_keys_stay_under_the_prefix() -> None:
     assert parse_source_uri("s3://bkt").key_for("x") == "x"
 
 
-def test_unsupported_truss_schemes_named() -> None:
-    with pytest.raises(SourceSpecError, match="accepted by truss"):
-        parse_source_uri("azure://acct/container/p")
+def test_truss_schemes_accepted_and_http_refused() -> None:
+    # azure://, cw:// and https:// were refused ("accepted by truss, not supported") before
+    # slurm_bt/storage; plain http:// stays refused (no integrity in transit).
+    assert parse_source_uri("azure://acct/container/p").account == "acct"
+    assert parse_source_uri("cw://bucket/p").canonical == "cw://bucket/p"
+    assert parse_source_uri("https://host/m.bin").canonical == "https://host/m.bin"
+    with pytest.raises(SourceSpecError, match="use https://"):
+        parse_source_uri("http://host/m.bin")
 
 
 def test_str_and_with_container() -> None:
     uri = parse_source_uri("hf://org/model@main")
     assert str(uri) == "hf://org/model@main"
-    assert uri.with_container("Org/Model") == SourceUri("hf", "Org/Model", revision="main")
+    assert uri.with_container("Org/Model") == StorageUrl("hf", "Org/Model", revision="main")
     assert is_commit("0" * 40) and not is_commit("main")

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from slurm_bt.weights.sources.checksums import git_blob_sha1
+from slurm_bt.storage.checksums import git_blob_sha1
 from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cluster, submit, wait, write_job
 from tests.servers.corrupt_proxy import CorruptingProxy
 from tests.servers.hf_hub import FakeHub, Faults

@@ -43,9 +43,9 @@ from typing import Any
 import pytest
 
 from slurm_bt.hooks.squats import read_squats
+from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import list_selected
-from slurm_bt.weights.sources.config import SourceEndpoints
 from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cluster, forget_squats, wait, write_job
 from tests.servers.hf_hub import FakeHub, Faults
 
@@ -215,7 +215,7 @@ def test_user_created_shared_tier_is_not_trusted(site_env: None, fake_hub: FakeH
         source = f"hf://org/shared-{tag}"
         # the manifest bt-sbatch computes for it (weights.plan._pin_one), as btu2 can too
         listing, selected, revision = list_selected(source, allow=None, ignore=None, credentials=None,
-                                                    endpoints=SourceEndpoints(hf_endpoint=fake_hub.endpoint))
+                                                    endpoints=StorageEndpoints(hf_endpoint=fake_hub.endpoint))
         m = Manifest(kind=listing.uri.kind, source=listing.uri.canonical, revision=revision, files=tuple(
             ManifestFile(path=f.path, size=f.size, sha256=f.sha256 or "", etag=f.etag) for f in selected))
         base = _base()

@@ -9,7 +9,8 @@ sha256 strategy (every manifest file must carry a *verified* sha256, threats R6)
   without a published full-object sha256** (most S3/R2/GCS objects: multipart ETags and GCS
   composites are not content hashes) are streamed **once** at resolve time, pinned to the
   listed version, and hashed on the fly; the origin's own checksum (HF git blob sha1, GCS
-  crc32c/md5Hash, S3 CRC32/CRC32C or single-part ETag MD5; sources/checksums.py) is checked on the
+  crc32c/md5Hash, S3 CRC32/CRC32C or single-part ETag MD5, Azure Content-MD5, HTTPS Digest;
+  storage/checksums.py) is checked on the
   same pass, so a body corrupted in transit or at the origin fails instead of being pinned.
 * With ``mirror_dir`` (the cluster cache's blob directory), that single stream is the mirror
   download itself: the file goes through the normal temp + pwrite + hash + rename path and is
@@ -30,11 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from slurm_bt.storage.base import RemoteFile
+from slurm_bt.storage.credentials import Credentials
+from slurm_bt.storage.endpoints import StorageEndpoints
+from slurm_bt.storage.registry import open_backend
+from slurm_bt.storage.url import parse_source_uri
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.patterns import select_paths
-from slurm_bt.weights.sources.base import RemoteFile, open_source
-from slurm_bt.weights.sources.config import SourceCredentials, SourceEndpoints
-from slurm_bt.weights.sources.uri import parse_source_uri
 
 if TYPE_CHECKING:
     from slurm_bt.weights.download import DownloadOptions
@@ -47,8 +50,8 @@ def resolve(
     *,
     allow: Sequence[str] | None = None,
     ignore: Sequence[str] | None = None,
-    credentials: SourceCredentials | None = None,
-    endpoints: SourceEndpoints | None = None,
+    credentials: Credentials | None = None,
+    endpoints: StorageEndpoints | None = None,
     mirror_dir: Path | None = None,
     options: DownloadOptions | None = None,
 ) -> Manifest:
@@ -56,7 +59,8 @@ def resolve(
 
     Args:
         source: ``hf://org/repo[@rev]``, ``s3://bucket/prefix``, ``r2://acct.bucket/prefix``,
-            ``gs://bucket/prefix``.
+            ``cw://bucket/prefix``, ``gs://bucket/prefix``, ``azure://account/container/prefix``,
+            ``https://host/path`` (docs/storage.md).
         allow: ``allow_patterns`` (truss semantics, :mod:`slurm_bt.weights.patterns`).
         ignore: ``ignore_patterns``.
         credentials: parsed secret, or None for public sources.
@@ -76,7 +80,7 @@ def resolve(
 
     options = options or DownloadOptions()
     uri = parse_source_uri(source)
-    backend = open_source(uri, credentials=credentials, endpoints=endpoints, options=options.transport)
+    backend = open_backend(uri, credentials=credentials, endpoints=endpoints, options=options.transport)
     try:
         listing = backend.list_files()
         by_path = {f.path: f for f in listing.files}
