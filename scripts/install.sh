@@ -57,5 +57,11 @@ if [ ! -x "$azurite_prefix/node_modules/.bin/azurite-blob" ] \
   npm install --silent --no-audit --no-fund --prefix "$azurite_prefix" "azurite@$azurite_version"
 fi
 
+# devcluster/releases.py builds release roots with this script while the host's own cluster holds the
+# ports, so it brings the cluster up later, inside the root's network namespace.
+if [ -n "${SLURM_BT_INSTALL_NO_CLUSTER:-}" ]; then
+  say "not bringing up the dev cluster (SLURM_BT_INSTALL_NO_CLUSTER is set)"
+  exit 0
+fi
 say "bringing up the dev cluster"
 /usr/bin/python3 "$repo/devcluster/devcluster.py" up

@@ -62,11 +62,17 @@ def _sacct_json(job_id: str, as_user: str | None = None, timeout: float = 30, wa
         assert cp.returncode == 0, cp.stderr
         data = json.loads(cp.stdout)
         jobs = [j for j in data.get("jobs", []) if str(j.get("job_id")) == job_id]
-        if jobs and jobs[0]["state"]["current"] not in ("PENDING", "RUNNING", "COMPLETING") and want(jobs[0]):
+        if jobs and _state(jobs[0]) not in ("PENDING", "RUNNING", "COMPLETING") and want(jobs[0]):
             return jobs[0]
         if time.monotonic() > deadline:
             pytest.fail(f"job {job_id} not finished in sacct --json after {timeout}s: {jobs}")
         time.sleep(1)
+
+
+def _state(job: dict) -> str:
+    """sacct --json's state.current: a string on 22.05, a list of flags (["COMPLETED"]) from 23.02 on."""
+    cur = job["state"]["current"]
+    return cur if isinstance(cur, str) else ",".join(cur)
 
 
 JOB_SCRIPT = """#!/bin/bash
@@ -109,6 +115,22 @@ def test_status_reports_up():
     assert cp.returncode == 0, cp.stdout + cp.stderr
 
 
+def test_release_reported_as_installed():
+    """`status` and cluster.json name the Slurm release that runs (22.05, 24.11 and 26.05 differ)."""
+    v = _run(["/usr/sbin/slurmctld", "-V"])
+    release = v.stdout.split()[-1]
+    assert INFO["slurm_release"] == release
+    assert INFO["slurm_version"] == ".".join(release.split(".")[:2])
+    cp = _run([sys.executable, str(DEVCLUSTER), "status"])
+    assert f"release      Slurm {release}" in cp.stdout.splitlines()[0]
+    # What up writes for the release: >= 23.02 slurmd needs CgroupPlugin=disabled without a cgroup fs.
+    cgroup = Path(INFO["slurm_conf"]).with_name("cgroup.conf")
+    if tuple(int(x) for x in release.split(".")[:2]) >= (23, 2):
+        assert "CgroupPlugin=disabled" in cgroup.read_text().splitlines()
+    else:
+        assert not cgroup.exists()
+
+
 def test_nodes_idle_or_busy_not_down():
     cp = _run(["sinfo", "-h", "-N", "-o", "%N %T"])
     assert cp.returncode == 0, cp.stderr
@@ -122,7 +144,7 @@ def test_two_node_gpu_job_root_or_current_user(tmp_path: Path):
     job_id, text = _submit_gpu_job(tmp_path)
     _check_output(text)
     job = _sacct_json(job_id)
-    assert job["state"]["current"] == "COMPLETED", job["state"]
+    assert _state(job) == "COMPLETED", job["state"]
     assert job["cluster"] == INFO["cluster"]
     alloc = _run(["sacct", "-X", "-P", "-n", "-j", job_id, "--format=AllocTRES"]).stdout
     assert f"gres/gpu={2 * INFO['gpus_per_node']}" in alloc, alloc
@@ -144,7 +166,7 @@ def test_two_node_gpu_job_as_normal_user():
         job_id, text = _submit_gpu_job(workdir, as_user=TEST_USER)
         _check_output(text)
         job = _sacct_json(job_id, as_user=TEST_USER, want=lambda j: j["group"] == TEST_USER)
-        assert job["state"]["current"] == "COMPLETED", job["state"]
+        assert _state(job) == "COMPLETED", job["state"]
         # "user" is null on 22.05 when the user has no association (created after the last `up`).
         assert job["user"] in (TEST_USER, None), job["user"]
     finally:
