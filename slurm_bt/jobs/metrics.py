@@ -20,8 +20,7 @@ from typing import Any
 
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.job_ids import JobId, parse_job_id
-from slurm_bt.slurm.sacct import SacctRow
-from slurm_bt.slurm.usage import StepUsage
+from slurm_bt.slurm.sacct import SacctRow, StepUsage
 
 __all__ = ["Metrics", "bar", "collect_metrics", "format_bytes", "render_metrics", "sparkline"]
 

@@ -1,6 +1,12 @@
-"""Submit, watch and cancel Slurm jobs through an injected :class:`CommandRunner`.
+"""Every Slurm command slurm-bt runs, through one injected :class:`CommandRunner`.
 
-:class:`SlurmClient` is the only code that knows Slurm's command-line grammar. It
+:class:`SlurmClient` is the only caller of the Slurm client commands (``sbatch``, ``sacct``,
+``squeue``, ``sstat``, ``scancel``, ``scontrol``, ``sacctmgr``) in slurm-bt: code elsewhere asks it,
+never :mod:`subprocess` (tests/unit/test_slurm_seam.py fails the build otherwise), so
+``tests.fakes.fake_slurm.FakeSlurm`` sees every command a test causes. Each command's grammar (argv
+and the parser of its answer) lives in the module named after it (:mod:`~slurm_bt.slurm.sacct`,
+:mod:`~slurm_bt.slurm.squeue`, :mod:`~slurm_bt.slurm.sstat`, :mod:`~slurm_bt.slurm.scontrol`,
+:mod:`~slurm_bt.slurm.sacctmgr`, :mod:`~slurm_bt.slurm.sbatch`); the client runs them. It
 
 * passes every command a *scrubbed* environment (:func:`~slurm_bt.slurm.runner.scrubbed_env`):
   sbatch stores its environment with the job, so the submitter's tokens must never reach it;
@@ -18,46 +24,28 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from slurm_bt.errors import SlurmCommandError
-from slurm_bt.slurm.job_ids import JobId, parse_job_id
+from slurm_bt.slurm import sacctmgr, sbatch, scontrol
+from slurm_bt.slurm.job_ids import JobId, job_id_args, parse_job_id
 from slurm_bt.slurm.runner import CommandResult, CommandRunner, scrubbed_env
 from slurm_bt.slurm.sacct import (
     SACCT_DELIMITER,
     SACCT_FIELDS,
-    SQUEUE_FORMAT,
-    SacctRow,
-    SacctRows,
-    build_sacct_argv,
-    build_squeue_argv,
-    parse_sacct,
-    parse_squeue,
-)
-from slurm_bt.slurm.usage import (
     SACCT_USAGE_FIELDS,
-    SSTAT_FIELDS,
-    UsageRows,
+    SacctRow,
+    StepUsage,
+    build_sacct_argv,
     build_sacct_usage_argv,
-    build_sstat_argv,
+    parse_sacct,
     parse_usage,
 )
+from slurm_bt.slurm.squeue import SQUEUE_FORMAT, build_squeue_argv, parse_squeue
+from slurm_bt.slurm.sstat import build_sstat_argv, parse_sstat
+from slurm_bt.slurm.values import ParsedRows
 
 __all__ = ["QUERY_ENV", "SlurmClient"]
 
 #: Environment forced on query commands: epoch times are unambiguous across time zones.
 QUERY_ENV: Mapping[str, str] = {"SLURM_TIME_FORMAT": "%s"}
-
-# (pattern in sbatch's stderr, what the user can do). First match wins.
-_SBATCH_HINTS: tuple[tuple[str, str], ...] = (
-    (r"invalid partition", "check the partition name with `sinfo -s`"),
-    (r"node configuration is not available", "no node has that many GPUs/CPUs/memory; compare with `sinfo`"),
-    (r"invalid generic resource|gres", "check the GPU type/count against `sinfo -o '%P %G'`"),
-    (r"invalid account|association", "check your Slurm account with `sacctmgr show assoc user=$USER`"),
-    (r"time limit", "lower the time limit or pick a partition that allows it"),
-    (r"qos", "check the QOS limits with `sacctmgr show qos`"),
-    (r"unable to contact slurm controller|connection refused|timed out", "is slurmctld up? try `sinfo`"),
-)
-_DEFAULT_SBATCH_HINT = "sbatch rejected the job; `bt-sbatch --dry-run` prints the script it was given"
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]*")
-
 
 class SlurmClient:
     """Slurm commands for slurm-bt, all through one :class:`CommandRunner`.
@@ -108,22 +96,18 @@ class SlurmClient:
             SlurmCommandError: sbatch failed (its stderr and a hint are attached), or printed no
                 job id.
         """
-        args = [str(a) for a in extra_args]
-        argv = ["sbatch", "--parsable", *args]
+        argv = sbatch.build_sbatch_argv(extra_args)
         result = self._run(argv, input=script_text, env=env)
         if not result.ok:
-            raise SlurmCommandError(argv, result.returncode, result.stderr, _sbatch_hint(result.stderr))
-        lines = [ln.strip() for ln in result.stdout.splitlines() if ln.strip()]
-        first = lines[-1].split(";", 1)[0] if lines else ""
-        try:
-            job_id = parse_job_id(first)
-        except ValueError:
+            raise SlurmCommandError(argv, result.returncode, result.stderr, sbatch.sbatch_hint(result.stderr))
+        job_id = sbatch.parse_sbatch_job_id(result.stdout)
+        if job_id is None:
             raise SlurmCommandError(
                 argv,
                 result.returncode,
                 result.stderr or f"unexpected sbatch output: {result.stdout.strip()[:200]!r}",
                 "sbatch printed no job id; check `squeue --me` before submitting again",
-            ) from None
+            )
         return str(job_id)
 
     def query(
@@ -182,7 +166,7 @@ class SlurmClient:
         self.last_warnings = []
         return self._squeue(ids) if ids else []
 
-    def usage(self, job_ids: Iterable[str | int | JobId], *, retries: int = 1) -> UsageRows:
+    def usage(self, job_ids: Iterable[str | int | JobId], *, retries: int = 1) -> ParsedRows[StepUsage]:
         """Step usage (CPU time, peak memory, TRES) of finished and running steps, one sacct call.
 
         Raises:
@@ -193,11 +177,10 @@ class SlurmClient:
         argv = build_sacct_usage_argv(ids, delimiter=SACCT_DELIMITER)
         result = self._run_with_retries(argv, retries, 1.0)
         rows = parse_usage(result.stdout, SACCT_USAGE_FIELDS, source="sacct", delimiter=SACCT_DELIMITER)
-        if rows.skipped:
-            self.last_warnings.append(f"sacct: skipped {rows.skipped} unreadable row(s): {rows.warnings[:3]}")
+        self._note(rows, "sacct")
         return rows
 
-    def live_usage(self, job_ids: Iterable[str | int | JobId]) -> UsageRows:
+    def live_usage(self, job_ids: Iterable[str | int | JobId]) -> ParsedRows[StepUsage]:
         """Live usage of running steps from ``sstat`` (asks the slurmds through slurmctld).
 
         Slurm answers only for the caller's own jobs (or root); any refusal or a job that runs no
@@ -209,8 +192,8 @@ class SlurmClient:
             result = self._run(argv, env_overrides=QUERY_ENV)
         except SlurmCommandError as exc:
             self.last_warnings.append(f"sstat failed: {exc}")
-            return UsageRows()
-        rows = parse_usage(result.stdout, SSTAT_FIELDS, source="sstat", delimiter=SACCT_DELIMITER)
+            return ParsedRows[StepUsage]()
+        rows = parse_sstat(result.stdout, delimiter=SACCT_DELIMITER)
         if not result.ok and not rows:
             lines = result.stderr.strip().splitlines()
             self.last_warnings.append(f"sstat: {lines[-1][:200] if lines else 'no answer'}")
@@ -232,7 +215,7 @@ class SlurmClient:
             if not re.fullmatch(r"[A-Z0-9]+", signal):
                 raise ValueError(f"invalid signal name: {signal!r}")
             argv.append(f"--signal={signal}")
-        argv.append(str(jid))
+        argv.extend(job_id_args([jid]))
         result = self._run(argv)
         if not result.ok:
             raise SlurmCommandError(argv, result.returncode, result.stderr, "do you own this job?")
@@ -240,27 +223,93 @@ class SlurmClient:
     def node_addr(self, node_name: str) -> str:
         """The address other nodes can reach ``node_name`` at (``NodeAddr=`` of scontrol).
 
-        Slurm node names need not resolve in DNS (slurm-facts.md §5), so the leader address for
-        rendezvous comes from here.
+        Slurm node names need not resolve in DNS (on the dev cluster ``n1`` does not), so the leader
+        address for rendezvous comes from here.
 
         Raises:
             SlurmCommandError: scontrol failed or the node is unknown.
             ValueError: ``node_name`` is not a plain node name.
         """
-        if not _NODE_NAME.fullmatch(node_name):
-            raise ValueError(f"not a node name: {node_name!r}")
-        argv = ["scontrol", "--oneliner", "show", "node", node_name]
+        argv = scontrol.build_show_node_argv(node_name)
         result = self._run(argv, env_overrides=QUERY_ENV)
-        text = result.stdout
-        m = re.search(r"(?:^|\s)NodeAddr=(\S+)", text)
-        if not result.ok or m is None:
+        addr = next((n["NodeAddr"] for n in scontrol.parse_nodes(result.stdout) if n.get("NodeAddr")), "")
+        if not result.ok or not addr:
             raise SlurmCommandError(
                 argv,
                 result.returncode,
-                result.stderr or text or "no NodeAddr in scontrol output",
+                result.stderr or result.stdout or "no NodeAddr in scontrol output",
                 "check the node name with `sinfo -N`",
             )
-        return m.group(1)
+        return addr
+
+    def nodes(self) -> list[dict[str, str]]:
+        """Every node slurmctld knows (``scontrol show node``), as ``Key -> value`` dicts.
+
+        Raises:
+            SlurmCommandError: scontrol failed (controller down, munge broken).
+        """
+        argv = scontrol.build_show_node_argv()
+        result = self._run(argv, env_overrides=QUERY_ENV)
+        if not result.ok:
+            raise SlurmCommandError(argv, result.returncode, result.stderr, "is slurmctld up? try `sinfo`")
+        return scontrol.parse_nodes(result.stdout)
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        """Expand a hostlist expression (``n[1-2],gpu07``) into node names, in Slurm's order.
+
+        Raises:
+            SlurmCommandError: scontrol failed or printed no name.
+            ValueError: ``nodelist`` is empty or not a hostlist expression.
+        """
+        argv = scontrol.build_hostnames_argv(nodelist)
+        result = self._run(argv)
+        names = scontrol.parse_hostnames(result.stdout)
+        if not result.ok or not names:
+            raise SlurmCommandError(argv, result.returncode, result.stderr or "no node names",
+                                    f"cannot expand the node list {nodelist!r}")
+        return names
+
+    def release(self, job_id: str | int | JobId, *, env: Mapping[str, str] | None = None) -> None:
+        """``scontrol release`` a job submitted with ``--hold``.
+
+        Args:
+            job_id: the held job.
+            env: the submitter's environment (scrubbed like sbatch's; default: this client's).
+
+        Raises:
+            SlurmCommandError: the release failed (the job stays held).
+            ValueError: ``job_id`` is malformed.
+        """
+        argv = scontrol.build_release_argv(job_id)
+        result = self._run(argv, env=env)
+        if not result.ok:
+            raise SlurmCommandError(argv, result.returncode, result.stderr,
+                                    f"job {job_id} stays held; cancel it with scancel")
+
+    def config(self) -> dict[str, str]:
+        """The configuration slurmctld runs with (``scontrol show config``), one value per key.
+
+        List-valued keys read the same on every release (``Prolog`` is ``"/a,/b"`` whether Slurm
+        printed ``Prolog = /a,/b`` or, from 24.11, ``Prolog[0] = /a`` and ``Prolog[1] = /b``).
+
+        Raises:
+            SlurmCommandError: scontrol failed (controller down, munge broken).
+        """
+        argv = scontrol.build_show_config_argv()
+        result = self._run(argv)
+        if not result.ok:
+            raise SlurmCommandError(argv, result.returncode, result.stderr, "check slurmctld and munge")
+        return scontrol.parse_config(result.stdout)
+
+    def default_account(self, user: str) -> str | None:
+        """``user``'s default Slurm account (``sacctmgr``); ``None`` when slurmdbd does not say.
+
+        Raises:
+            SlurmCommandError: sacctmgr could not run at all (missing, timed out).
+            ValueError: ``user`` is not a plain user name.
+        """
+        result = self._run(sacctmgr.build_default_account_argv(user))
+        return sacctmgr.parse_default_account(result.stdout) if result.ok else None
 
     # ------------------------------------------------------------------ helpers
 
@@ -317,7 +366,7 @@ class SlurmClient:
         self._note(rows, "squeue")
         return [r for r in rows if any(_covers(j, r.job_id) for j in ids)]
 
-    def _note(self, rows: SacctRows, what: str) -> None:
+    def _note(self, rows: ParsedRows[SacctRow] | ParsedRows[StepUsage], what: str) -> None:
         if rows.skipped:
             self.last_warnings.append(
                 f"{what}: skipped {rows.skipped} unreadable row(s): {rows.warnings[:3]}"
@@ -333,11 +382,3 @@ def _covers(asked: JobId, got: JobId) -> bool:
     if asked.het_offset is not None and asked.het_offset != got.het_offset:
         return False
     return asked.step is None or asked.step == got.step
-
-
-def _sbatch_hint(stderr: str) -> str:
-    low = stderr.lower()
-    for pattern, hint in _SBATCH_HINTS:
-        if re.search(pattern, low):
-            return hint
-    return _DEFAULT_SBATCH_HINT

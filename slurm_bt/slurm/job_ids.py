@@ -17,10 +17,11 @@ Only ASCII digits are accepted: ``int()`` alone would also take ``"١٢٣"`` and
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["STEP_NAMES", "JobId", "format_job_id", "parse_job_id", "try_parse_job_id"]
+__all__ = ["STEP_NAMES", "JobId", "format_job_id", "job_id_args", "parse_job_id", "try_parse_job_id"]
 
 #: Named steps Slurm creates itself; numbered steps come from ``srun``.
 STEP_NAMES = frozenset({"batch", "extern", "interactive"})
@@ -129,3 +130,15 @@ def try_parse_job_id(text: str) -> JobId | None:
         return parse_job_id(text)
     except ValueError:
         return None
+
+
+def job_id_args(job_ids: Iterable[str | int | JobId]) -> list[str]:
+    """``job_ids`` as Slurm spells them, each one validated first.
+
+    Every command that takes ids (sacct, squeue, sstat, scancel) goes through this, so a value such
+    as ``-a`` or ``1,2 --allusers`` can never become an option of the command.
+
+    Raises:
+        ValueError: an id is malformed.
+    """
+    return [str(j) if isinstance(j, JobId) else str(parse_job_id(str(j))) for j in job_ids]

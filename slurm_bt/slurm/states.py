@@ -189,7 +189,7 @@ ACTIVE_STATES: frozenset[SlurmState] = frozenset(
 
 
 class TrainingJobStatus(str, enum.Enum):
-    """truss ``training_job.current_status`` values (truss-train-api.md §9)."""
+    """truss ``training_job.current_status`` values (the truss training API's job statuses)."""
 
     PENDING = "TRAINING_JOB_PENDING"
     QUEUED = "TRAINING_JOB_QUEUED"

@@ -1,6 +1,7 @@
 """A fake Slurm cluster at the process seam: a :class:`CommandRunner` you inject, never a patch.
 
-``FakeSlurm`` answers ``sbatch``, ``sacct``, ``squeue``, ``scancel`` and ``scontrol`` with text
+``FakeSlurm`` answers ``sbatch``, ``sacct``, ``squeue``, ``scancel``, ``scontrol`` (``show node``,
+``show hostnames``, ``show config``, ``release``, ``requeue``) and ``sacctmgr show user`` with text
 shaped like Slurm 22.05's (compare ``tests/data/sacct/2205_*``), keeps a tiny job state machine,
 and records every call (argv, stdin, env) so tests can assert on exactly what would have run::
 
@@ -91,6 +92,8 @@ class FakeSlurm:
         cluster: if set, ``sbatch --parsable`` prints ``ID;cluster`` like a federation.
         user, uid: who "submits" and cancels.
         node_addrs: ``NodeAddr`` per node name for ``scontrol show node``.
+        config: ``scontrol show config`` values (``Prolog``, ``PrologFlags``...).
+        default_accounts: ``sacctmgr show user`` default account per user (default: ``default``).
     """
 
     def __init__(
@@ -101,6 +104,8 @@ class FakeSlurm:
         user: str = "alice",
         uid: int = 1000,
         node_addrs: Mapping[str, str] | None = None,
+        config: Mapping[str, str] | None = None,
+        default_accounts: Mapping[str, str] | None = None,
     ) -> None:
         self.jobs: dict[int, FakeJob] = {}
         #: ids released with ``scontrol release`` (held weights-staging jobs).
@@ -111,6 +116,8 @@ class FakeSlurm:
         self.user = user
         self.uid = uid
         self.node_addrs = dict(node_addrs or {"n1": "10.0.0.1", "n2": "10.0.0.2"})
+        self.config = dict(config or {"ClusterName": "fake", "PrologFlags": "Alloc,Contain,DeferBatch"})
+        self.default_accounts = dict(default_accounts or {user: "default"})
         self.clock = _EPOCH0
         #: Job ids slurmdbd "has not recorded yet": sacct omits them, squeue still shows them.
         self.sacct_lag: set[int] = set()
@@ -208,6 +215,7 @@ class FakeSlurm:
             "squeue": self._squeue,
             "scancel": self._scancel,
             "scontrol": self._scontrol,
+            "sacctmgr": self._sacctmgr,
         }.get(program)
         if handler is None:
             return CommandResult(call.argv, 127, "", f"{program}: command not found\n")
@@ -322,29 +330,42 @@ class FakeSlurm:
             name = words[2]
             if name not in self.node_addrs:
                 return CommandResult(call.argv, 1, f"Node {name} not found\n", "")
-            addr = self.node_addrs[name]
-            return CommandResult(
-                call.argv,
-                0,
-                f"NodeName={name} Arch=x86_64 CoresPerSocket=2  CPUAlloc=0 CPUTot=2 Gres=gpu:h100:4 "
-                f"NodeAddr={addr} NodeHostName={name} Port=6818 Version=22.05.8 State=IDLE "
-                "Partitions=gpu,staging\n",
-                "",
-            )
+            return CommandResult(call.argv, 0, self._node_line(name), "")
+        if words == ["show", "node"]:
+            return CommandResult(call.argv, 0, "".join(self._node_line(n) for n in self.node_addrs), "")
+        if words[:2] == ["show", "hostnames"] and len(words) == 3:
+            # Enough of the hostlist grammar for tests: ``n[1-3]``, ``a,b``.
+            names: list[str] = []
+            for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", words[2]):
+                m = re.fullmatch(r"(.*)\[([0-9]+)-([0-9]+)\]", part)
+                names += [f"{m.group(1)}{i}" for i in range(int(m.group(2)), int(m.group(3)) + 1)] if m else [part]
+            return CommandResult(call.argv, 0, "".join(n + "\n" for n in names), "")
+        if words == ["show", "config"]:
+            lines = "".join(f"{k:<23} = {v}\n" for k, v in self.config.items())
+            return CommandResult(call.argv, 0, f"Configuration data as of 2026-11-22T02:20:00\n{lines}", "")
         if words[:1] == ["requeue"] and len(words) == 2 and words[1].isdigit() and int(words[1]) in self.jobs:
             self.requeue(words[1])
             return CommandResult(call.argv, 0, "", "")
         if words[:1] == ["release"] and len(words) == 2 and words[1].isdigit() and int(words[1]) in self.jobs:
             self.released.append(int(words[1]))
             return CommandResult(call.argv, 0, "", "")
-        if words[:2] == ["show", "job"] and len(words) == 3 and words[2].isdigit():
-            job = self.jobs.get(int(words[2]))
-            if job is None or job.state in _TERMINAL:
-                return CommandResult(call.argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
-            return CommandResult(call.argv, 0, _scontrol_line(job) + "\n", "")
         return CommandResult(
             call.argv, 1, "", f"scontrol: error: FakeSlurm does not fake {' '.join(words)}\n"
         )
+
+    def _node_line(self, name: str) -> str:
+        return (
+            f"NodeName={name} Arch=x86_64 CoresPerSocket=2  CPUAlloc=0 CPUTot=2 Gres=gpu:h100:4 "
+            f"NodeAddr={self.node_addrs[name]} NodeHostName={name} Port=6818 Version=22.05.8 "
+            "OS=Linux 6.1.0 #1 SMP State=IDLE Partitions=gpu,staging\n"
+        )
+
+    def _sacctmgr(self, call: RecordedCall) -> CommandResult:
+        words = [a for a in call.argv[1:] if not a.startswith("-")]
+        if words[:2] == ["show", "user"] and len(words) == 4 and words[3] == "format=DefaultAccount":
+            account = self.default_accounts.get(words[2])
+            return CommandResult(call.argv, 0, f"{account}\n" if account else "", "")
+        return CommandResult(call.argv, 1, "", f"sacctmgr: error: FakeSlurm does not fake {' '.join(words)}\n")
 
 
 # ---------------------------------------------------------------------- formatting helpers
@@ -501,17 +522,3 @@ def _squeue_line(job: FakeJob, fmt: str, epoch: bool) -> str:
         "M": "0:00",
     }
     return re.sub(r"%\.?[0-9]*([A-Za-z])", lambda m: codes.get(m.group(1), ""), fmt)
-
-
-def _scontrol_line(job: FakeJob) -> str:
-    restarts = len(job.history)
-    return (
-        f"JobId={job.job_id} JobName={job.name} UserId={job.user}({job.uid}) GroupId={job.user}({job.uid}) "
-        f"Priority=1 Account=default QOS=normal JobState={job.state} Reason={job.reason} "
-        f"Requeue=1 Restarts={restarts} BatchFlag=1 ExitCode={job.exit_code[0]}:{job.exit_code[1]} "
-        f"RunTime=00:00:{_elapsed(job) % 60:02d} TimeLimit=UNLIMITED "
-        f"SubmitTime={_time(job.submit, False)} StartTime={_time(job.start, False)} "
-        f"EndTime={_time(job.end, False)} Partition={job.partition} NodeList={job.node_list} "
-        f"NumNodes={job.nodes} TRES={_tres(job, None) or 'cpu=1,mem=2000M,node=1,billing=1'} "
-        f"WorkDir={job.work_dir} Comment={job.comment or '(null)'} Power="
-    )

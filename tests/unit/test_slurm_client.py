@@ -63,10 +63,20 @@ def test_submit_sends_script_on_stdin_with_scrubbed_env(slurm: FakeSlurm, client
 
 
 def test_every_command_gets_a_scrubbed_env(slurm: FakeSlurm, client: SlurmClient) -> None:
-    job = client.submit(SCRIPT)
+    job = client.submit(SCRIPT, ["--hold"])
+    client.release(job)
     client.query([job])
+    client.usage([job])
+    client.live_usage([job])
+    client.live([job])
     client.cancel(job)
     client.node_addr("n1")
+    client.nodes()
+    client.hostnames("n[1-2]")
+    client.config()
+    client.default_account("alice")
+    assert {c.program for c in slurm.calls} == {"sbatch", "scontrol", "sacct", "sstat", "squeue", "scancel",
+                                                "sacctmgr"}
     for call in slurm.calls:
         assert call.env is not None and "HF_TOKEN" not in call.env and "SLURM_JOB_ID" not in call.env, call
 
@@ -188,6 +198,50 @@ def test_node_addr(slurm: FakeSlurm, client: SlurmClient) -> None:
         client.node_addr("nosuch")
     with pytest.raises(ValueError):
         client.node_addr("-a")
+
+
+def test_nodes_and_hostnames(slurm: FakeSlurm, client: SlurmClient) -> None:
+    assert [(n["NodeName"], n["NodeAddr"]) for n in client.nodes()] == [("n1", "10.0.0.1"), ("n2", "10.0.0.2")]
+    assert slurm.calls[-1].argv == ("scontrol", "--oneliner", "show", "node")
+    assert client.hostnames("n[1-2]") == ["n1", "n2"]
+    assert slurm.calls[-1].argv == ("scontrol", "show", "hostnames", "n[1-2]")
+    with pytest.raises(ValueError):
+        client.hostnames("")
+    with pytest.raises(ValueError):
+        client.hostnames("--help")
+    slurm.fail_next("scontrol", stderr="scontrol: error: Unable to contact slurm controller\n")
+    with pytest.raises(SlurmCommandError, match="controller"):
+        client.nodes()
+
+
+def test_release_held_job(slurm: FakeSlurm, client: SlurmClient) -> None:
+    job = client.submit(SCRIPT, ["--hold"])
+    client.release(job, env=ENV)
+    assert slurm.released == [int(job)] and slurm.calls[-1].argv == ("scontrol", "release", job)
+    slurm.fail_next("scontrol", stderr="scontrol: error: Invalid job id specified\n")
+    with pytest.raises(SlurmCommandError, match="stays held"):
+        client.release(job)
+    with pytest.raises(ValueError):
+        client.release("1 2")
+
+
+def test_config_folds_indexed_keys(slurm: FakeSlurm, client: SlurmClient) -> None:
+    slurm.handle("scontrol", lambda c: CommandResult(
+        c.argv, 0, "Configuration data as of x\nProlog[0]   = /a\nProlog[1]   = /b\nPrologFlags = Alloc\n", ""))
+    assert client.config() == {"Prolog": "/a,/b", "PrologFlags": "Alloc"}
+    slurm.fail_next("scontrol")
+    with pytest.raises(SlurmCommandError):
+        client.config()
+
+
+def test_default_account(slurm: FakeSlurm, client: SlurmClient) -> None:
+    assert client.default_account("alice") == "default"
+    assert slurm.calls[-1].argv == ("sacctmgr", "-n", "-P", "show", "user", "alice", "format=DefaultAccount")
+    assert client.default_account("bob") is None  # no association: sacctmgr prints nothing
+    slurm.fail_next("sacctmgr")
+    assert client.default_account("alice") is None
+    with pytest.raises(ValueError):
+        client.default_account("name=alice")
 
 
 def test_fake_records_everything(slurm: FakeSlurm) -> None:

@@ -15,15 +15,9 @@ from slurm_bt.cli.main import cli
 from slurm_bt.jobs.metrics import Metrics, bar, collect_metrics, format_bytes, render_metrics, sparkline
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.runner import CommandResult
-from slurm_bt.slurm.sacct import parse_sacct
-from slurm_bt.slurm.usage import (
-    SACCT_USAGE_FIELDS,
-    SSTAT_FIELDS,
-    build_sacct_usage_argv,
-    build_sstat_argv,
-    parse_tres_usage,
-    parse_usage,
-)
+from slurm_bt.slurm.sacct import SACCT_USAGE_FIELDS, build_sacct_usage_argv, parse_sacct, parse_usage
+from slurm_bt.slurm.sstat import SSTAT_FIELDS, build_sstat_argv
+from slurm_bt.slurm.values import parse_tres_usage
 from tests.fakes.fake_slurm import FakeSlurm, RecordedCall
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sacct"
