@@ -42,8 +42,8 @@ from slurm_bt.site_settings import SiteSettings, expand_path, load_site_settings
 from slurm_bt.trusted_files import check_own_dir
 
 if TYPE_CHECKING:
-    from slurm_bt.hooks.config import HandoffPolicy
-    from slurm_bt.hooks.privdrop import ChildLimits
+    from slurm_bt.posix.privdrop import ChildLimits
+    from slurm_bt.site.hook_settings import HandoffPolicy
 
 __all__ = ["SPEC_MAX_BYTES", "STATE_NAME", "FlushResult", "build_uploader", "child_limits", "flush_job_checkpoints",
            "prolog_team", "read_spec", "read_state", "write_state"]
@@ -201,7 +201,7 @@ def prolog_team(node: str | None, job_id: str) -> str | None:
     if not node:
         return None
     try:
-        from slurm_bt.hooks.status import read_hook_state
+        from slurm_bt.posix.job_notes import read_hook_state
 
         record = read_hook_state(node, job_id).record or {}
     except (ImportError, OSError, ValueError):
@@ -212,7 +212,7 @@ def prolog_team(node: str | None, job_id: str) -> str | None:
 
 def child_limits() -> ChildLimits:
     """Memory and CPU limits of an upload child, from hooks.toml ``[handoff]`` (defaults if unreadable)."""
-    from slurm_bt.hooks.privdrop import ChildLimits
+    from slurm_bt.posix.privdrop import ChildLimits
 
     policy = handoff_policy()
     return ChildLimits(memory_bytes=policy.child_memory_mib * 1024 * 1024, cpu_s=policy.child_cpu_s)
@@ -220,7 +220,7 @@ def child_limits() -> ChildLimits:
 
 def handoff_policy() -> HandoffPolicy:
     """hooks.toml ``[handoff]`` (root-owned file only), or the defaults when it is absent or invalid."""
-    from slurm_bt.hooks.config import HandoffPolicy, HookConfigError, load_hook_settings
+    from slurm_bt.site.hook_settings import HandoffPolicy, HookConfigError, load_hook_settings
 
     try:
         return load_hook_settings().handoff
@@ -277,7 +277,7 @@ def flush_job_checkpoints(env: Mapping[str, str], deadline_s: float, *,
     site = site or _trusted_site()
     try:
         if as_root:
-            from slurm_bt.hooks.privdrop import ChildError, ChildTimeout, run_as_uid
+            from slurm_bt.posix.privdrop import ChildError, ChildTimeout, run_as_uid
 
             child_env = {"PATH": "/usr/bin:/bin", **{k: v for k, v in env.items() if k.startswith("SLURM")}}
             if os.environ.get("SLURM_BT_SITE_CONFIG"):

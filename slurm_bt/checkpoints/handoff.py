@@ -4,7 +4,7 @@ Each entry of the hand-off area (``<node storage>/checkpoint-handoff/<job>.<node
 ``0711``) holds ``handoff.json`` (root-written: job, node, uid, gid, team) and ``data/`` (the job's
 checkpoint directory, still owned by the user). The upload runs in a child dropped to that uid,
 with the user's own store credentials and the team the prolog resolved, exactly like the epilog's
-flush; afterwards the entry is deleted (:func:`~slurm_bt.hooks.safefs.remove_tree_at`: never
+flush; afterwards the entry is deleted (:func:`~slurm_bt.posix.safefs.remove_tree_at`: never
 follows a symlink planted in ``data/``). Running twice is harmless.
 
 Bounded, because the job still controls ``data/`` and the files its state names (docs/checkpoints.md
@@ -48,7 +48,7 @@ from slurm_bt.errors import StorageError
 from slurm_bt.site_settings import load_site_settings
 
 if TYPE_CHECKING:
-    from slurm_bt.hooks.config import HandoffPolicy
+    from slurm_bt.site.hook_settings import HandoffPolicy
 
 __all__ = ["STATUS_NAME", "HandoffOutcome", "QuarantinedEntry", "main", "quarantined_handoffs", "resume_handoffs",
            "start_background_sweep"]
@@ -111,7 +111,7 @@ def _read_root_json(dir_fd: int, name: str) -> dict[str, Any] | None:
 
 
 def _write_status(dir_fd: int, status: dict[str, Any]) -> None:
-    from slurm_bt.hooks.safefs import write_file_at
+    from slurm_bt.posix.safefs import write_file_at
 
     try:
         write_file_at(dir_fd, STATUS_NAME, json.dumps(status).encode(), uid=os.geteuid(), gid=os.getegid(),
@@ -243,7 +243,7 @@ class _locked:
 
 def _remove_entry(root_fd: int, name: str) -> str:
     """Remove one entry (fd-relative, never following a symlink); '' or what was left."""
-    from slurm_bt.hooks.safefs import remove_tree_at
+    from slurm_bt.posix.safefs import remove_tree_at
 
     report = remove_tree_at(root_fd, name, deadline=time.monotonic() + _REMOVE_BUDGET_S)
     return "" if report.complete else f"; {len(report.leftovers)} item(s) left for the next sweep"
@@ -253,7 +253,7 @@ def _resume_entry(root: Path, root_fd: int, name: str, lock_fd: int, timeout_s: 
                   retry_quarantined: bool, policy: HandoffPolicy) -> HandoffOutcome:
     """Upload one locked entry as its owner, then remove it; count and quarantine failures."""
     from slurm_bt.checkpoints.flush import child_limits
-    from slurm_bt.hooks.privdrop import ChildError, ChildTimeout, run_as_uid
+    from slurm_bt.posix.privdrop import ChildError, ChildTimeout, run_as_uid
 
     est = os.fstat(lock_fd)
     if os.geteuid() == 0 and est.st_uid == 0 and stat.S_IMODE(est.st_mode) != 0o711:
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         os.nice(args.nice)
     policy = None
     if args.config is not None:
-        from slurm_bt.hooks.config import load_hook_settings
+        from slurm_bt.site.hook_settings import load_hook_settings
 
         policy = load_hook_settings(args.config).handoff
 

@@ -15,7 +15,7 @@ sweep reached 16.7 GB resident), or a symlink to either. So every such read here
   checkpoint files; the stores read exactly that many bytes with ``pread``).
 
 Refusals raise :class:`UnsafeFile` (an ``OSError``), so callers that already handle "cannot read"
-need nothing new. The walk is the same as :func:`slurm_bt.hooks.safefs.open_trusted_dir`'s, but
+need nothing new. The walk is the same as :func:`slurm_bt.posix.safefs.open_trusted_dir`'s, but
 that one demands root-owned directories; here the directories belong to the user.
 """
 

@@ -176,7 +176,7 @@ def _local_nodes() -> list[str]:
 
 
 def _check_root_dir(name: str, path: str, *, allow_sticky: bool = False) -> Check:
-    from slurm_bt.hooks.safefs import UntrustedPath, open_trusted_dir
+    from slurm_bt.posix.safefs import UntrustedPath, open_trusted_dir
 
     try:
         fd = open_trusted_dir(path, allow_sticky_final=allow_sticky)
@@ -229,10 +229,10 @@ def _proctrack_check(proctrack: str) -> Check:
 
 
 def _squats_check(node: str, state_root: str) -> Check:
-    """Names that had to belong to someone, found taken by another user (records: slurm_bt.hooks.squats)."""
+    """Names that had to belong to someone, found taken by another user (records: slurm_bt.posix.squat_records)."""
     import time
 
-    from slurm_bt.hooks.squats import SQUATS_DIR, read_squats
+    from slurm_bt.posix.squat_records import SQUATS_DIR, read_squats
 
     squats = read_squats(node, state_root)
     if not squats:
@@ -249,7 +249,7 @@ def _squats_check(node: str, state_root: str) -> Check:
 
 def _runtime_root_check(template: str) -> Check:
     """The prolog creates ``slurm-bt-<uid>`` root-side here; a root a user could replace defeats that."""
-    from slurm_bt.hooks.safefs import UntrustedPath, open_trusted_dir
+    from slurm_bt.posix.safefs import UntrustedPath, open_trusted_dir
 
     root = template if "{" not in template else template.split("{", 1)[0].rstrip("/")
     try:
@@ -266,8 +266,8 @@ def _runtime_root_check(template: str) -> Check:
 
 def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None) -> list[Check]:
     """Run every check for this host's ``nodes``; see the module docstring."""
-    from slurm_bt.hooks.config import HookConfigError, load_hook_settings, load_trusted_site
-    from slurm_bt.hooks.status import STATE_ROOT
+    from slurm_bt.posix.job_notes import STATE_ROOT
+    from slurm_bt.site.hook_settings import HookConfigError, load_hook_settings, load_trusted_site
     from slurm_bt.site_settings import expand_path
 
     checks: list[Check] = []
@@ -373,7 +373,7 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
         probe = Path(cache) / f".doctor-{os.getpid()}"
         try:
             probe.mkdir()
-            from slurm_bt.hooks.safefs import set_default_group_acl
+            from slurm_bt.posix.safefs import set_default_group_acl
 
             fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY)
             try:
@@ -433,7 +433,7 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
                     systemd_dir: str | None, dry_run: bool) -> None:
     """Write the hook wrappers, create this node's storage roots and print the slurm.conf lines."""
     with handle_errors("slurm-bt admin"):
-        from slurm_bt.hooks.config import load_hook_settings, load_trusted_site
+        from slurm_bt.site.hook_settings import load_hook_settings, load_trusted_site
         from slurm_bt.site_settings import expand_path
 
         settings = load_hook_settings(Path(config) if config else None)

@@ -73,8 +73,8 @@ def _remote(host: str, job_id: str, follow: bool, tail: int | None, node: int | 
 def logs_command(job_id: str, follow: bool, tail: int | None, node_rank: int | None, as_json: bool,
                  host: str | None, accept_new_host_key: bool, debug: bool) -> None:
     """Print JOB_ID's output: the batch step, then each node, every line tagged ([node 0] ...)."""
+    from slurm_bt.jobs.lifecycle import check_job_ids, query_statuses
     from slurm_bt.jobs.logs import LogLine, LogReader, follow_logs
-    from slurm_bt.status import check_job_ids, query_statuses
 
     with handle_errors("slurm-bt", debug=debug):
         check_job_ids([job_id])

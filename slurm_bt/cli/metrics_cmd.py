@@ -35,8 +35,8 @@ def _from_dict(d: dict[str, Any]) -> Any:
 
 def _sample(job_id: str) -> tuple[Any, bool]:
     from slurm_bt.errors import SlurmCommandError
+    from slurm_bt.jobs.lifecycle import query_statuses
     from slurm_bt.jobs.metrics import collect_metrics
-    from slurm_bt.status import query_statuses
 
     client = options.make_client()
     report = query_statuses(client, [job_id], records=load_records([job_id]))
@@ -76,7 +76,7 @@ def _show(m: Any, history: list[Any], as_json: bool) -> None:
 def metrics_command(job_id: str, as_json: bool, watch: bool, interval_s: float, count: int | None,
                     host: str | None, accept_new_host_key: bool, debug: bool) -> None:
     """CPU, memory and GPU usage of JOB_ID (sacct for finished steps, sstat for running ones)."""
-    from slurm_bt.status import check_job_ids
+    from slurm_bt.jobs.lifecycle import check_job_ids
 
     with handle_errors("slurm-bt", debug=debug):
         check_job_ids([job_id])

@@ -25,9 +25,9 @@ _CONFIRMED = {"CANCELLED", "COMPLETING", "COMPLETED", "FAILED", "TIMEOUT", "NODE
 
 def _stop_local(job_ids: list[str], timeout_s: float) -> list[dict[str, Any]]:
     from slurm_bt.errors import RuntimeFailure
+    from slurm_bt.jobs.lifecycle import query_statuses
     from slurm_bt.jobs.poll import Backoff
     from slurm_bt.slurm.states import lifecycle
-    from slurm_bt.status import query_statuses
 
     client = options.make_client()
     records = load_records(job_ids)
@@ -73,7 +73,7 @@ def _stop_local(job_ids: list[str], timeout_s: float) -> list[dict[str, Any]]:
 def stop_command(job_ids: tuple[str, ...], timeout_s: float, as_json: bool, host: str | None,
                  accept_new_host_key: bool, debug: bool) -> None:
     """Stop (scancel) JOB_IDS and wait until Slurm confirms: TRAINING_JOB_STOPPED."""
-    from slurm_bt.status import check_job_ids
+    from slurm_bt.jobs.lifecycle import check_job_ids
 
     with handle_errors("slurm-bt", debug=debug):
         check_job_ids(list(job_ids))

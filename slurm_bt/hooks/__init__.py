@@ -2,12 +2,12 @@
 
 Everything in this package assumes a hostile local user (threats-and-faults.md R1-R3):
 
-* :mod:`~slurm_bt.hooks.env` trusts only the Slurm variables that slurmd itself sets
+* :mod:`~slurm_bt.posix.hook_env` trusts only the Slurm variables that slurmd itself sets
   (``SLURM_JOB_ID/UID/GID/USER``, ``SLURMD_NODENAME``, ``SLURM_SCRIPT_CONTEXT``,
   ``SLURM_CLUSTER_NAME``); the comment, the work dir and ``job.json`` are untrusted;
-* :mod:`~slurm_bt.hooks.privdrop` runs work on user-named paths in a forked child that has become
+* :mod:`~slurm_bt.posix.privdrop` runs work on user-named paths in a forked child that has become
   the job user (groups, gid, uid; verified; ``no_new_privs``; clean env; no inherited fds);
-* :mod:`~slurm_bt.hooks.safefs` does fd-relative, symlink-refusing creation and deletion in
+* :mod:`~slurm_bt.posix.safefs` does fd-relative, symlink-refusing creation and deletion in
   root-owned trees;
 * :mod:`~slurm_bt.hooks.runner` maps every outcome onto Slurm's exit-code semantics: a user's
   mistake fails that job (exit 0, reason in a job-keyed status file), a node fault exits non-zero

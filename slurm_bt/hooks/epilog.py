@@ -4,20 +4,20 @@
 ``epilog/README.md``. It also runs after a failed or half-finished prolog, and may run twice, so
 every step accepts "already done" and "never started" (threats-and-faults.md R3, E07):
 
-1. checkpoint flush hook point (bounded); unless it confirms *every* checkpoint uploaded, the job's
-   ``mnt/checkpoints`` stays on the node as the hand-off directory, recorded in
+1. checkpoint flush (:mod:`slurm_bt.checkpoints.flush`, in a bounded child); unless it confirms
+   *every* checkpoint uploaded, the job's ``mnt/checkpoints`` stays on the node as the hand-off directory, recorded in
    ``<scratch root>/.slurm-bt-handoff/<job id>.json`` for an admin (never a drain);
-2. node-cache lease release and LRU hook points (bounded);
+2. node-cache lease release and LRU (:mod:`slurm_bt.weights.node_stage`, bounded children);
 3. scratch removal: fd-relative, never following a symlink, never crossing a filesystem or mount
    point, surviving concurrent swaps; leftovers are logged, not drained;
 4. removal of the job's notes under ``/run/slurm-bt/<node>/jobs/<id>``.
 
 Before all of these it ends the user's processes that outlived the job on this host, when the user
-has no other job here (:mod:`.leftovers`: the notes of every node on the host decide, signals go
+has no other job here (:mod:`slurm_bt.jobhost.leftovers`: the notes of every node on the host decide, signals go
 through pidfds after a start-time check, never to root or system users, bounded), then removes the
 job's runtime directory ``<runtime root>/slurm-bt-<uid>/<id>`` (per-node env files with resolved
 secrets: also when the job ended between step 1 and step 2) the same fd-relative way as scratch
-(:mod:`.runtime`), first so that nothing slow or faulting later can leave the secrets behind.
+(:mod:`slurm_bt.jobhost.runtime_dirs`), first so that nothing slow or faulting later can leave the secrets behind.
 
 Only an unusable scratch root (missing after the prolog made it, unsafe ownership, I/O errors)
 exits non-zero.
@@ -31,13 +31,17 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from slurm_bt.hooks.extensions import enforce_node_cache_lru, flush_checkpoints, release_node_cache_leases
-from slurm_bt.hooks.jobstate import JobStateDir
-from slurm_bt.hooks.leftovers import end_leftover_processes, mark_job_ending, other_jobs_of_user, summary
-from slurm_bt.hooks.runner import HookContext, NodeFault, run_hook
-from slurm_bt.hooks.runtime import remove_job_runtime_dir
-from slurm_bt.hooks.safefs import (
+from slurm_bt.hooks.runner import run_hook
+from slurm_bt.jobhost.context import HookContext, NodeFault
+from slurm_bt.jobhost.leftovers import end_leftover_processes, mark_job_ending, other_jobs_of_user, summary
+from slurm_bt.jobhost.runtime_dirs import remove_job_runtime_dir
+from slurm_bt.jobhost.stale_sweep import HANDOFF_DIR
+from slurm_bt.posix.job_notes import STATE_ROOT, JobStateDir
+from slurm_bt.posix.privdrop import ChildError, run_in_child
+from slurm_bt.posix.safefs import (
     UnsafeEntry,
     UntrustedPath,
     ensure_dir_at,
@@ -46,12 +50,11 @@ from slurm_bt.hooks.safefs import (
     remove_tree_at,
     write_file_at,
 )
-from slurm_bt.hooks.status import STATE_ROOT
-from slurm_bt.hooks.sweep import HANDOFF_DIR
-from slurm_bt.site_settings import expand_path
+from slurm_bt.site.hook_settings import HOOK_SITE_ENV
+from slurm_bt.site_settings import SiteSettings, expand_path
 
-__all__ = ["CHECKPOINT_REL", "HANDOFF_DIR", "PROCESS_BUDGET_S", "end_processes", "epilog_body", "main",
-           "remove_scratch"]
+__all__ = ["CHECKPOINT_REL", "HANDOFF_DIR", "PROCESS_BUDGET_S", "bounded_call", "checkpoint_flush", "end_processes",
+           "epilog_body", "main", "node_cache_lru", "node_cache_release", "remove_scratch"]
 
 CHECKPOINT_REL = ("mnt", "checkpoints")
 PROCESS_BUDGET_S = 10.0
@@ -152,6 +155,88 @@ def end_processes(ctx: HookContext) -> None:
         ctx.notes.append(summary(report))
 
 
+# -- the features the epilog calls -------------------------------------------------------------------
+# Each runs in a forked child (as root) with a hard time budget, so a hang, a crash or a heavy import
+# costs at most that budget and never the epilog's own deadline. The features are imported in the
+# child by plain import: a missing or broken module is an error in the hook log, never a silent no-op.
+# Every one of them gets the site this hook run loaded (``ctx.site``) and no other.
+
+
+def checkpoint_flush(environ: Mapping[str, str], deadline_s: float, site: SiteSettings) -> object:
+    """Upload what the job left in its checkpoint directory (:mod:`slurm_bt.checkpoints.flush`)."""
+    from slurm_bt.checkpoints.flush import flush_job_checkpoints
+
+    return flush_job_checkpoints(environ, deadline_s, site=site)
+
+
+def node_cache_release(environ: Mapping[str, str], deadline_s: float, site: SiteSettings) -> object:
+    """Unlink the job's weights views and drop its node-cache leases (:mod:`slurm_bt.weights.node_stage`)."""
+    from slurm_bt.weights.node_stage import epilog_release_leases
+
+    epilog_release_leases(environ, deadline_s)
+    return None
+
+
+def node_cache_lru(environ: Mapping[str, str], deadline_s: float, site: SiteSettings) -> object:
+    """Evict lease-free node-cache entries, least recently used first (:mod:`slurm_bt.weights.node_stage`)."""
+    from slurm_bt.weights.node_stage import epilog_enforce_lru
+
+    epilog_enforce_lru(environ, deadline_s)
+    return None
+
+
+def bounded_call(ctx: HookContext, what: str, fn: Callable[[Mapping[str, str], float, SiteSettings], object],
+                 budget_s: float) -> tuple[bool, Any]:
+    """Call ``fn(environ, deadline_s, site)`` in a bounded child (see above).
+
+    Returns:
+        ``(called, result)``: ``called`` is False when it got no time; ``result`` is
+        ``{"status": ..., "message": ...}`` for results with a ``status`` attribute, else the plain
+        JSON value (None on failure, which is logged).
+    """
+    if budget_s <= 1:
+        ctx.log.warning(f"{what}: skipped, no time left")
+        return False, None
+    env, site = ctx.env, ctx.site
+
+    def call() -> Any:
+        result = fn(env.to_environ(), budget_s - 1, site)
+        if result is None or isinstance(result, (bool, int, float, str)):
+            return {"value": result}
+        return {"status": str(getattr(result, "status", "")), "message": str(getattr(result, "message", ""))[:500]}
+
+    # The site file's path reaches node_stage (which reads it again) until it takes the site itself.
+    extra_env = {HOOK_SITE_ENV: ctx.site_path} if ctx.site_path else None
+    try:
+        result = run_in_child(call, timeout_s=budget_s, extra_env=extra_env)
+    except ChildError as exc:
+        ctx.log.error(f"{what}: {exc.kind}: {exc.exc_type or ''} {exc}".rstrip())
+        return True, None
+    if not isinstance(result, dict):
+        return True, None
+    if result.get("status"):
+        ctx.log.info(f"{what}: {result['status']}: {result.get('message', '')}".rstrip(": "))
+        return True, result
+    return True, result.get("value")
+
+
+def flush_checkpoints(ctx: HookContext, budget_s: float) -> str:
+    """The flush's status: ``"done"`` only if it confirmed every checkpoint of the job uploaded.
+
+    ``"handed-off"`` means the rest was moved to the hand-off area (to be finished by a sweep);
+    anything else (``"nothing"``, ``"error"``, ``"skipped"``...) is "not confirmed".
+    """
+    called, result = bounded_call(ctx, "checkpoint flush", checkpoint_flush, budget_s)
+    if isinstance(result, dict):
+        # "nothing" is not a confirmation: a flush that could not find the job's rank reports it
+        # too. Without "done", whatever is still in the checkpoint directory is kept.
+        status = result.get("status")
+        return status if isinstance(status, str) else "error"
+    if not called:
+        return "skipped"
+    return "done" if result is True else "error"
+
+
 def epilog_body(ctx: HookContext) -> None:
     """The epilog's work (see the module docstring)."""
     env = ctx.env
@@ -162,12 +247,12 @@ def epilog_body(ctx: HookContext) -> None:
     others = other_jobs_of_user(ctx.state_root, env.uid, env.job_id)
     remove_job_runtime_dir(ctx, user_has_other_jobs=bool(others))
     ctx.phase = "checkpoint-flush"
-    flushed = flush_checkpoints(env, ctx.budget(ctx.settings.flush_budget_s, reserve_s=20.0), ctx.log)
+    flushed = flush_checkpoints(ctx, ctx.budget(ctx.settings.flush_budget_s, reserve_s=20.0))
     ctx.phase = "node-cache"
-    release_node_cache_leases(env, ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0), ctx.log,
-                              ctx.site_path)
-    enforce_node_cache_lru(env, ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0), ctx.log,
-                           ctx.site_path)
+    bounded_call(ctx, "node-cache lease release", node_cache_release,
+                 ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0))
+    bounded_call(ctx, "node-cache LRU", node_cache_lru,
+                 ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0))
     ctx.phase = "scratch"
     remove_scratch(ctx, keep_checkpoints=flushed != "done")
     ctx.phase = "notes"

@@ -5,19 +5,19 @@
 
 1. clear this job's notes on this node (``/run/slurm-bt/<node>/jobs/<id>``) and record the job's
    uid in them (``owner``), for every job: the epilog's leftover-process sweep
-   (:mod:`slurm_bt.hooks.leftovers`) learns from these notes whether a user still has a job on the host;
+   (:mod:`slurm_bt.jobhost.leftovers`) learns from these notes whether a user still has a job on the host;
 2. skip jobs that are not slurm-bt jobs (comment ``slurm-bt:...``: a hint only, it selects work
    for the user's own job and nothing else);
 3. scratch: ``<scratch root>/<job id>``, ``0700 <uid>:<gid>``, created fd-relative in the root-owned
    scratch root; an entry that already exists and is not the user's is refused (P02); then the
    per-user runtime directory ``<runtime root>/slurm-bt-<uid>`` (``0700 <uid>:<gid>``), created
    root-side so that nobody can squat it; a squat is moved aside, removed and reported
-   (:mod:`slurm_bt.hooks.runtime`);
+   (:mod:`slurm_bt.jobhost.runtime_dirs`);
 4. ``job.json`` from the job's work dir, read **as the user** in a dropped child (bounded size and
    time), then re-validated here: it is the user's file and the child's output is untrusted;
 5. with ``cache_config.enabled``: ``<cache>/teams/<group>/{shared,projects/<project>}``,
    ``2770 root:<group>`` with a group default ACL, where ``<group>`` is the job's team
-   (:mod:`slurm_bt.hooks.teams`);
+   (:mod:`slurm_bt.posix.teams`);
 6. with ``weights``: the pinned manifests are read from the job dir **as the user**, then a forked
    root child (:func:`slurm_bt.weights.node_stage.stage_for_job`) copies the job's blobs from the
    team's (or the shared) cluster tier into the root-owned node cache, leases them and links
@@ -36,17 +36,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from slurm_bt.hooks.jobstate import JobStateDir
-from slurm_bt.hooks.leftovers import write_job_owner
-from slurm_bt.hooks.privdrop import ChildError, ChildTimeout, PrivilegeDropError, run_as_job_user, run_in_child
-from slurm_bt.hooks.runner import HookContext, HookUserError, NodeFault, run_hook
-from slurm_bt.hooks.runtime import make_user_runtime_dir
-from slurm_bt.hooks.safefs import UnsafeEntry, UntrustedPath, ensure_dir_at, open_trusted_dir, set_default_group_acl
-from slurm_bt.hooks.sweep import sweep_stale_scratch
-from slurm_bt.hooks.teams import Team, TeamError, resolve_team
-from slurm_bt.hooks.weights_tiers import STAGING_COMMENT_PREFIX, provision_cluster_tiers
+from slurm_bt.hooks.runner import run_hook
 from slurm_bt.job_spec import JobSpec
+from slurm_bt.jobhost.context import HookContext, HookUserError, NodeFault
+from slurm_bt.jobhost.leftovers import write_job_owner
+from slurm_bt.jobhost.runtime_dirs import make_user_runtime_dir
+from slurm_bt.jobhost.stale_sweep import sweep_stale_scratch
+from slurm_bt.posix.job_notes import JobStateDir
+from slurm_bt.posix.privdrop import ChildError, ChildTimeout, PrivilegeDropError, run_as_job_user, run_in_child
+from slurm_bt.posix.safefs import UnsafeEntry, UntrustedPath, ensure_dir_at, open_trusted_dir, set_default_group_acl
+from slurm_bt.posix.teams import Team, TeamError, resolve_team
 from slurm_bt.site_settings import expand_path
+from slurm_bt.weights.tier_dirs import STAGING_COMMENT_PREFIX, provision_cluster_tiers
 
 __all__ = ["COMMENT_PREFIX", "main", "prolog_body", "read_job_spec_as_user", "stage_weights"]
 
@@ -187,7 +188,7 @@ def read_job_spec_as_user(ctx: HookContext) -> JobSpec:
 def job_team(ctx: HookContext) -> Team:
     """The job's team (a Unix group the user belongs to); a user error if it cannot be used."""
     try:
-        return resolve_team(ctx.env, ctx.settings)
+        return resolve_team(ctx.env, ctx.settings.team_groups)
     except TeamError as exc:
         raise HookUserError(str(exc)) from None
 

@@ -96,7 +96,7 @@ def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | N
         account: the Slurm account; names the team directory only when ``team`` is not given
             (clusters without the slurm-bt prolog; ``default`` when unset).
         team: the team group the root prolog resolved and recorded for this job (trusted; see
-            ``slurm_bt.hooks.teams``). It wins over ``account``.
+            ``slurm_bt.posix.teams``). It wins over ``account``.
     """
     ctx = spec.context
 

@@ -4,7 +4,7 @@ Shape of a job (see docs/architecture.md):
 
 1. The batch script (stored by Slurm, shown by ``bt-sbatch --dry-run``) carries the ``#SBATCH``
    request, the non-secret job environment and two ``srun`` steps, one task per node each:
-2. ``slurm_bt.node.prepare`` on every node, as the job user: creates the job's directories, resolves
+2. ``slurm_bt.steps.prepare`` on every node, as the job user: creates the job's directories, resolves
    secrets from the user's store and writes the node's environment to a 0600 NUL-separated file in a
    0700 tmpfs directory;
 3. ``node_entry.sh`` on every node (inside the container when one is used): loads and deletes that
@@ -129,7 +129,7 @@ def render_batch_script(spec: JobSpec) -> str:
         'export BT_TRAINING_JOB_ID="${SLURM_JOB_ID}"',
         'export BT_RETRY_COUNT="${SLURM_RESTART_COUNT:-0}"',
         'export BT_GROUP_SIZE="${SLURM_JOB_NUM_NODES}"',
-        f'export BT_LEADER_ADDR="$({python} -I -m slurm_bt.node.leader)"',
+        f'export BT_LEADER_ADDR="$({python} -I -m slurm_bt.steps.leader)"',
         'export MASTER_ADDR="${BT_LEADER_ADDR}"',
         f'export MASTER_PORT="$(({spec.master_port_base} + SLURM_JOB_ID % 10000))"',
         'export NNODES="${SLURM_JOB_NUM_NODES}"',
@@ -157,7 +157,7 @@ def render_batch_script(spec: JobSpec) -> str:
     lines += [
         "",
         "# Step 1, every node: directories, secrets and the node's environment (as you, not root).",
-        f"{srun} --job-name=bt-prepare {python} -I -m slurm_bt.node.prepare {shq(spec.spec_path)}",
+        f"{srun} --job-name=bt-prepare {python} -I -m slurm_bt.steps.prepare {shq(spec.spec_path)}",
     ]
     if spec.checkpointing.enabled:
         lines += _checkpoint_uploader_lines(spec, srun, python)
@@ -182,7 +182,7 @@ def _checkpoint_uploader_lines(spec: JobSpec, srun: str, python: str) -> list[st
     """Start the checkpoint uploader on every node; on exit, tell it the start commands ended and wait.
 
     A separate, overlapping step (not a child of the entry script) so that it runs on the host for
-    every container runtime; see ``slurm_bt.checkpoints.agent``.
+    every container runtime; see ``slurm_bt.steps.checkpoint_agent``.
     """
     finish = _word(f"{spec.context.job_dir}/checkpoints.finish.{_JOB}")
     return [
@@ -191,7 +191,7 @@ def _checkpoint_uploader_lines(spec: JobSpec, srun: str, python: str) -> list[st
         "# in $BT_CHECKPOINT_DIR while the start commands run, and the rest once they have ended.",
         # No --kill-on-bad-exit: one node's uploader failing must not stop the others (or the job).
         f"{srun.replace(' --kill-on-bad-exit=1', '')} --overlap --job-name=bt-checkpoints "
-        f"{python} -I -m slurm_bt.checkpoints.agent "
+        f"{python} -I -m slurm_bt.steps.checkpoint_agent "
         f"{shq(spec.spec_path)} &",
         "bt_uploader=$!",
         "bt_finish_checkpoints() {",

@@ -1,6 +1,6 @@
 """Per-job weights visibility: which tier served each source on each node, bytes, seconds.
 
-Step 1 of a job (``slurm_bt.node.prepare``, as the user) writes ``<job_dir>/weights/status-<node>.json``
+Step 1 of a job (``slurm_bt.steps.prepare``, as the user) writes ``<job_dir>/weights/status-<node>.json``
 on every node; ``slurm-bt status --json`` reads them with :func:`read_weights_status`. The staging
 job's outcome (cluster hit or miss, bytes fetched from the origin) is in the same folder, one file per
 source (``staging-<i>.json``). Light on purpose: the status command imports only this module.

@@ -71,7 +71,7 @@ from slurm_bt.weights.eviction import EvictionCandidate, EvictionPlan, EvictionR
 from slurm_bt.weights.locks import LockOptions, optional_lock
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
-__all__ = ["NodeAudience", "NodeCache", "epilog_enforce_lru", "epilog_release_leases", "set_dir_owner_mode",
+__all__ = ["NodeAudience", "NodeCache", "set_dir_owner_mode",
            "validate_job_id"]
 
 _log = logging.getLogger("slurm_bt.weights.cache")
@@ -608,20 +608,3 @@ class NodeCache:
     def _evict_lock(self) -> contextlib.AbstractContextManager[None]:
         """The node-wide ``evict`` lock (in the base layout: eviction spans every subtree)."""
         return optional_lock(self.base.lock("evict"), self.lock_options)
-
-
-# -- epilog hook points (slurm_bt.hooks.extensions looks them up here by name) -------------------------
-
-
-def epilog_release_leases(environ: dict[str, str], deadline_s: float) -> None:
-    """Unlink the job's weights views and drop its leases on this node (idempotent, as root)."""
-    from slurm_bt.weights.node_stage import epilog_release_leases as impl
-
-    impl(environ, deadline_s)
-
-
-def epilog_enforce_lru(environ: dict[str, str], deadline_s: float) -> None:
-    """Evict lease-free node-cache entries, least recently used first, down to the site's cap."""
-    from slurm_bt.weights.node_stage import epilog_enforce_lru as impl
-
-    impl(environ, deadline_s)

@@ -2,7 +2,7 @@
 
 * files a job controls are opened without following a user's symlink, never as a FIFO or device,
   and size-capped (:mod:`slurm_bt.checkpoints.safeopen`);
-* privilege-dropped children run under memory, CPU and wall-clock limits (:mod:`slurm_bt.hooks.privdrop`);
+* privilege-dropped children run under memory, CPU and wall-clock limits (:mod:`slurm_bt.posix.privdrop`);
 * a hand-off entry that fails the same way K times is quarantined, reported, skipped; age and per-user
   size bounds remove what cannot complete (:mod:`slurm_bt.checkpoints.handoff`);
 * names that are not UTF-8 or hold a newline round-trip through keys and indexes;
@@ -32,10 +32,10 @@ from slurm_bt.checkpoints.safeopen import UnsafeFile, open_user_file, read_user_
 from slurm_bt.checkpoints.scan import list_files
 from slurm_bt.checkpoints.store import FileStore, UploadResult
 from slurm_bt.checkpoints.upload import read_job_index
-from slurm_bt.hooks import extensions
-from slurm_bt.hooks.config import HandoffPolicy
-from slurm_bt.hooks.privdrop import ChildError, ChildLimits, ChildTimeout, run_in_child
+from slurm_bt.hooks import epilog
 from slurm_bt.job_spec import JobSpec
+from slurm_bt.posix.privdrop import ChildError, ChildLimits, ChildTimeout, run_in_child
+from slurm_bt.site.hook_settings import HandoffPolicy
 from slurm_bt.site_settings import SiteSettings
 from tests.spec_helpers import spec_for
 from tests.unit import test_hooks_prolog as hp
@@ -494,7 +494,7 @@ def test_root_resumes_a_hand_off_made_under_the_epilog_umask(world_dir: Path, mo
 @root_only
 def test_prolog_removes_scratch_kept_for_a_hand_off_past_max_age(site: hp.Site,  # noqa: F811
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(extensions, "CHECKPOINT_FLUSH", (hp.__name__, "flush_incomplete"))
+    monkeypatch.setattr(epilog, "checkpoint_flush", hp.flush_incomplete)
     site.hooks.write_text(site.hooks.read_text() + "[handoff]\nmax_age_s = 86400\n")
     work = hp.write_job(site, "btu1")
     root = site.scratch("x").parent

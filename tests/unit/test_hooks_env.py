@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from slurm_bt.hooks.env import HookEnvError, SlurmHookEnv
+from slurm_bt.posix.hook_env import HookEnvError, SlurmHookEnv
 
 USERS = {"btu1": "btteam1", "btu2": "btteam2"}
 EXTRA_GROUP = "btextra"

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from slurm_bt.hooks.env import SlurmHookEnv
-from slurm_bt.hooks.privdrop import ChildError, ChildTimeout, run_as_job_user, run_in_child
+from slurm_bt.posix.hook_env import SlurmHookEnv
+from slurm_bt.posix.privdrop import ChildError, ChildTimeout, run_as_job_user, run_in_child
 from tests.unit.test_hooks_env import ensure_test_users, hook_environ
 
 

@@ -18,19 +18,19 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from slurm_bt.compat import definitions as d
-from slurm_bt.hooks import epilog, extensions, prolog
-from slurm_bt.hooks.env import SlurmHookEnv
-from slurm_bt.hooks.privdrop import ChildError, run_as_job_user
+from slurm_bt.hooks import epilog, prolog
 from slurm_bt.hooks.runner import run_hook
-from slurm_bt.hooks.status import read_hook_state
 from slurm_bt.job_spec import SubmitContext, build_job_spec
+from slurm_bt.posix.hook_env import SlurmHookEnv
+from slurm_bt.posix.job_notes import read_hook_state
+from slurm_bt.posix.privdrop import ChildError, run_as_job_user
 from slurm_bt.site_settings import load_site_settings
 from tests.unit.test_hooks_env import ensure_test_users, hook_environ
 
@@ -72,18 +72,18 @@ def site() -> Iterator[Site]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def flush_incomplete(environ: dict[str, str], deadline_s: float) -> object:
+def flush_incomplete(environ: Mapping[str, str], deadline_s: float, site: object = None) -> object:
     """Stand-in checkpoint flush: the store was unreachable."""
     return type("R", (), {"status": "incomplete", "message": "store unreachable"})()
 
 
-def flush_done(environ: dict[str, str], deadline_s: float) -> object:
+def flush_done(environ: Mapping[str, str], deadline_s: float, site: object = None) -> object:
     """Stand-in checkpoint flush: everything confirmed uploaded."""
     assert environ["SLURM_JOB_USER"] == "btu1" and "PATH" not in environ
     return type("R", (), {"status": "done", "message": "uploaded 1 checkpoint(s)"})()
 
 
-def flush_handed_off(environ: dict[str, str], deadline_s: float) -> object:
+def flush_handed_off(environ: Mapping[str, str], deadline_s: float, site: object = None) -> object:
     """Stand-in checkpoint flush: the budget ran out and the rest went to the hand-off area."""
     return type("R", (), {"status": "handed-off", "message": "time budget ran out"})()
 
@@ -91,7 +91,7 @@ def flush_handed_off(environ: dict[str, str], deadline_s: float) -> object:
 @pytest.fixture(autouse=True)
 def fake_flush(monkeypatch: pytest.MonkeyPatch) -> None:
     """Never upload from unit tests: the flush hook point reports "not confirmed" unless a test says so."""
-    monkeypatch.setattr(extensions, "CHECKPOINT_FLUSH", (__name__, "flush_incomplete"))
+    monkeypatch.setattr(epilog, "checkpoint_flush", flush_incomplete)
 
 
 def write_job(site: Site, user: str, *, project: str = "proj-a", cache: bool = True, job_dir_name: str = "j1",
@@ -247,8 +247,8 @@ def test_non_slurm_bt_jobs_are_left_alone(site: Site) -> None:
 
 
 def test_step1_prints_the_prolog_reason(site: Site) -> None:
-    from slurm_bt.hooks.status import PrologRefusedError
-    from slurm_bt.node.prepare import prepare_node
+    from slurm_bt.posix.job_notes import PrologRefusedError
+    from slurm_bt.steps.prepare import prepare_node
 
     work = write_job(site, "btu1", tamper={"uid": 0, "user": "root"})
     assert run(site, "prolog", job_env(site, "btu1", "21", work)) == 0
@@ -289,11 +289,15 @@ def test_epilog_without_checkpoints_removes_everything_and_tolerates_no_prolog(s
     assert run(site, "epilog", env) == 0 and not site.scratch("23").exists()
 
 
-@pytest.mark.parametrize("target,kept", [("flush_done", False), ("flush_incomplete", True), ("absent", True)])
+def flush_broken(environ: Mapping[str, str], deadline_s: float, site: object = None) -> object:
+    """Stand-in checkpoint flush whose module cannot be imported (a broken install)."""
+    raise ModuleNotFoundError("No module named 'slurm_bt.no_such_module'")
+
+
+@pytest.mark.parametrize("target,kept", [("flush_done", False), ("flush_incomplete", True), ("flush_broken", True)])
 def test_only_a_confirmed_flush_lets_checkpoints_go(site: Site, monkeypatch: pytest.MonkeyPatch, target: str,
                                                   kept: bool) -> None:
-    module = "slurm_bt.no_such_module" if target == "absent" else __name__
-    monkeypatch.setattr(extensions, "CHECKPOINT_FLUSH", (module, target))
+    monkeypatch.setattr(epilog, "checkpoint_flush", globals()[target])
     work = write_job(site, "btu1")
     assert run(site, "prolog", job_env(site, "btu1", "24", work)) == 0
     ckpt = site.scratch("24") / "mnt" / "checkpoints" / "checkpoint-1"
@@ -329,7 +333,7 @@ def test_a_bug_fails_the_job_not_the_node(site: Site) -> None:
 @pytest.mark.parametrize("policy", ["background", "off"])
 def test_handed_off_flush_starts_a_detached_sweep_unless_off(site: Site, monkeypatch: pytest.MonkeyPatch,
                                                              policy: str) -> None:
-    monkeypatch.setattr(extensions, "CHECKPOINT_FLUSH", (__name__, "flush_handed_off"))
+    monkeypatch.setattr(epilog, "checkpoint_flush", flush_handed_off)
     site.hooks.write_text(f'resume_handoffs = "{policy}"\n' + site.hooks.read_text())
     work = write_job(site, "btu1")
     assert run(site, "prolog", job_env(site, "btu1", "26", work)) == 0

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.hooks import prolog
-from slurm_bt.hooks.status import read_hook_state
+from slurm_bt.posix.job_notes import read_hook_state
 from slurm_bt.weights.cluster_cache import ClusterCache
 from slurm_bt.weights.manifest import Manifest
 from slurm_bt.weights.node_stage import read_node_record

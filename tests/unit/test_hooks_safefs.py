@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_bt.hooks.env import SlurmHookEnv
-from slurm_bt.hooks.privdrop import run_as_job_user
-from slurm_bt.hooks.safefs import (
+from slurm_bt.posix.hook_env import SlurmHookEnv
+from slurm_bt.posix.privdrop import run_as_job_user
+from slurm_bt.posix.safefs import (
     UnsafeEntry,
     UntrustedPath,
     ensure_dir_at,

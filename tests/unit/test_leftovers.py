@@ -1,4 +1,4 @@
-"""Leftover processes, the runtime directory and squat records (slurm_bt.hooks.leftovers/runtime/squats).
+"""Leftover processes, the runtime directory and squat records (slurm_bt.jobhost.leftovers/runtime/squats).
 
 Processes run as a uid no account uses (:data:`UID`), so the sweep can never touch anything but what
 the test started; the notes root is a temporary directory. The runtime root is a throwaway sticky
@@ -23,8 +23,8 @@ import pytest
 
 import tests.unit.test_hooks_prolog as hooks_tests
 from slurm_bt.cli.admin_cmd import _proctrack_check, _squats_check
-from slurm_bt.hooks import leftovers
-from slurm_bt.hooks.leftovers import (
+from slurm_bt.jobhost import leftovers
+from slurm_bt.jobhost.leftovers import (
     ENDING_NOTE,
     OWNER_NOTE,
     ProcInfo,
@@ -33,8 +33,8 @@ from slurm_bt.hooks.leftovers import (
     other_jobs_of_user,
     read_proc,
 )
-from slurm_bt.hooks.squats import read_squats, record_squat
-from slurm_bt.hooks.status import read_hook_state
+from slurm_bt.posix.job_notes import read_hook_state
+from slurm_bt.posix.squat_records import read_squats, record_squat
 from tests.unit.test_hooks_env import hook_environ
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (other uids, root-owned notes)")
@@ -305,7 +305,7 @@ def test_squatted_runtime_dir_is_moved_aside_removed_and_recorded(site: Site, sh
 
 
 def test_a_squatter_who_keeps_winning_fails_the_job_not_the_node(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_bt.hooks import runtime
+    from slurm_bt.jobhost import runtime_dirs as runtime
 
     squat = _runtime(site)
     real = runtime._sidestep
@@ -386,7 +386,7 @@ def test_squat_records_count_and_are_bounded(state: str, monkeypatch: pytest.Mon
                      action="moved aside and removed", state_root=state)
     (sq,) = read_squats("n1", state)
     assert (sq.count, sq.job_id) == (2, "2")
-    monkeypatch.setattr("slurm_bt.hooks.squats.MAX_RECORDS", 2)
+    monkeypatch.setattr("slurm_bt.posix.squat_records.MAX_RECORDS", 2)
     for i in range(5):
         record_squat("n1", path=f"/x/{i}", owner_uid=6, kind="file", victim_uid=5, job_id="3", action="a",
                      state_root=state)
@@ -406,7 +406,7 @@ def test_doctor_says_who_ends_leftover_processes() -> None:
 
 def test_without_the_prolog_step1_names_the_squat_and_who_can_fix_it(site: Site) -> None:
     from slurm_bt.errors import StorageError
-    from slurm_bt.node.prepare import prepare_node
+    from slurm_bt.steps.prepare import prepare_node
 
     os.chmod(site.scratch("x").parent, 0o1777)  # the no-prolog layout (docs/admin.md §Without the prolog)
     work = hooks_tests.write_job(site, "btu1", cache=False)
@@ -527,7 +527,7 @@ def _host_job_with_checkpoint_path(site: Site, user: str, checkpoint_path: str, 
 @pytest.mark.parametrize("shape", ["directory", "symlink", "parent"])
 def test_a_squatted_checkpoint_path_of_a_host_job_is_refused(site: Site, shape: str) -> None:
     from slurm_bt.errors import StorageError
-    from slurm_bt.node.prepare import prepare_node
+    from slurm_bt.steps.prepare import prepare_node
 
     tmp = site.base / "tmp"
     tmp.mkdir(mode=0o1777)

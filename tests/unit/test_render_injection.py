@@ -36,7 +36,6 @@ from slurm_bt.compat.loader import load_training_project
 from slurm_bt.errors import ConfigError, UserError
 from slurm_bt.job_spec import JobSpec, SubmitContext, build_job_spec
 from slurm_bt.node.layout import job_layout, runtime_dir
-from slurm_bt.node.prepare import encode_env, node_environment
 from slurm_bt.render.batch_script import (
     ENTRY_NAME,
     container_image_ref,
@@ -44,6 +43,7 @@ from slurm_bt.render.batch_script import (
     render_node_entry,
 )
 from slurm_bt.site_settings import SiteSettings
+from slurm_bt.steps.prepare import encode_env, node_environment
 
 JOB_ID = "4242"
 NODE_NAME = "n0"
@@ -450,7 +450,7 @@ def expected_srun_argv(spec: JobSpec) -> tuple[list[str], list[str]]:
     """The argv of both srun steps after bash has expanded the script (job id 4242, one node)."""
     ctx = spec.context
     common = ["--export=ALL", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
-    prepare = [*common, "--job-name=bt-prepare", ctx.python, "-I", "-m", "slurm_bt.node.prepare",
+    prepare = [*common, "--job-name=bt-prepare", ctx.python, "-I", "-m", "slurm_bt.steps.prepare",
                f"{ctx.job_dir}/job.json"]
     train = [*common, "--job-name=bt-train", f"--output={ctx.job_dir}/logs/slurm-%j.node%n.out"]
     if spec.container_runtime == "pyxis":
@@ -487,7 +487,7 @@ def check_run(spec: JobSpec, run: Run, *, secret_value: str = SECRET_VALUE) -> N
     if uploader:  # the background checkpoint uploader: its values, and the finish marker on exit
         argv3, env3 = run.srun("bt-checkpoints")
         envs.append(env3)
-        assert argv3[-5:] == [spec.context.python, "-I", "-m", "slurm_bt.checkpoints.agent",
+        assert argv3[-5:] == [spec.context.python, "-I", "-m", "slurm_bt.steps.checkpoint_agent",
                               f"{spec.context.job_dir}/job.json"]
         assert "--job-name=bt-checkpoints" in argv3
         assert Path(f"{spec.context.job_dir}/checkpoints.finish.{JOB_ID}").exists()

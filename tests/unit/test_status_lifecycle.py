@@ -11,10 +11,10 @@ from click.testing import CliRunner
 
 from slurm_bt.cli import options
 from slurm_bt.cli.main import cli
+from slurm_bt.jobs.lifecycle import query_statuses, wait_for_jobs
 from slurm_bt.records import SubmissionRecord, write_record
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.runner import CommandResult
-from slurm_bt.status import query_statuses, wait_for_jobs
 from tests.fakes.fake_slurm import FakeSlurm, RecordedCall
 
 SCRIPT = "#!/bin/sh\n#SBATCH -J train\nsleep 1\n"

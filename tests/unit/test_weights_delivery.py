@@ -368,8 +368,8 @@ def test_cache_cli_warm_ls_inspect_evict(world: dict[str, object], repo: tuple[s
 
 def test_status_weights_view_reads_only_own_job_dirs_of_jobs_with_weights(tmp_path: Path) -> None:
     from slurm_bt.cli.status_cmd import render_table
+    from slurm_bt.jobs.lifecycle import weights_status
     from slurm_bt.records import SubmissionRecord
-    from slurm_bt.status import weights_status
     from slurm_bt.weights.job_status import summary_lines, write_node_status, write_staging_status
 
     job_dir = tmp_path / "job"
@@ -406,7 +406,7 @@ def test_team_for_user_follows_the_default_account_when_the_site_maps_accounts(
     import grp
     import types
 
-    from slurm_bt.hooks import config as hook_config
+    from slurm_bt.hooks import config as hook_config  # until weights/plan.py imports site.hook_settings
     from slurm_bt.weights.plan import team_for_user, team_slug
 
     primary = team_slug(grp.getgrgid(os.getgid()).gr_name)

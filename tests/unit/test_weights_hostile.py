@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.errors import StorageError
-from slurm_bt.hooks.squats import read_squats
-from slurm_bt.hooks.status import read_hook_state
+from slurm_bt.posix.job_notes import read_hook_state
+from slurm_bt.posix.squat_records import read_squats
 from slurm_bt.weights.cache_layout import parse_tmp_name, tmp_name
 from slurm_bt.weights.cluster_cache import ClusterCache, shared_tier_problem, team_tier_problem
 from slurm_bt.weights.locks import process_start_time, writer_is_dead

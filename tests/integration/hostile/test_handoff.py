@@ -50,7 +50,7 @@ for _ in range(300):
 spec_path = json.loads(state.read_text())["spec_path"]
 spec = json.loads(pathlib.Path(spec_path).read_text())
 def stop_uploader():
-    out = subprocess.run(["pgrep", "-u", str(os.getuid()), "-f", "slurm_bt.checkpoints.agent"],
+    out = subprocess.run(["pgrep", "-u", str(os.getuid()), "-f", "slurm_bt.steps.checkpoint_agent"],
                          capture_output=True, text=True).stdout.split()
     for pid in out:
         os.kill(int(pid), signal.SIGKILL)

@@ -42,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from slurm_bt.hooks.squats import read_squats
+from slurm_bt.posix.squat_records import read_squats
 from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import list_selected

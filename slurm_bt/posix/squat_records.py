@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_bt.hooks.safefs import ensure_dir_at, open_dir_at, write_file_at
-from slurm_bt.hooks.status import STATE_ROOT
+from slurm_bt.posix.job_notes import STATE_ROOT
+from slurm_bt.posix.safefs import ensure_dir_at, open_dir_at, write_file_at
 from slurm_bt.trusted_files import read_trusted_file
 
 __all__ = ["MAX_RECORDS", "SQUATS_DIR", "Squat", "read_squats", "record_squat"]
@@ -95,7 +95,7 @@ def record_squat(node: str, *, path: str, owner_uid: int, kind: str, victim_uid:
         OSError: the node's notes directory cannot be written (callers log it; a record is a report,
             never a reason to fail a job or drain a node).
     """
-    from slurm_bt.hooks.jobstate import open_node_state
+    from slurm_bt.posix.job_notes import open_node_state
 
     nfd = open_node_state(node, state_root)
     try:
@@ -117,7 +117,7 @@ def record_squat(node: str, *, path: str, owner_uid: int, kind: str, victim_uid:
 
 def read_squats(node: str, state_root: str = STATE_ROOT) -> list[Squat]:
     """Every squat recorded on ``node``, newest first (empty when none or unreadable)."""
-    from slurm_bt.hooks.safefs import UnsafeEntry
+    from slurm_bt.posix.safefs import UnsafeEntry
 
     try:
         rfd = os.open(f"{state_root}/{node}", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -10,7 +10,7 @@ Why a separate step and not a background process of the entry script: with pyxis
 runs inside the container, which has neither slurm-bt nor the host paths; an ``srun --overlap``
 step runs on the host for every container runtime.
 
-Usage: ``python -I -m slurm_bt.checkpoints.agent JOB_JSON``. Tunables (environment, e.g. via the
+Usage: ``python -I -m slurm_bt.steps.checkpoint_agent JOB_JSON``. Tunables (environment, e.g. via the
 config's ``environment_variables``): ``BT_CHECKPOINT_POLL_S`` (default 5), ``BT_CHECKPOINT_QUIET_S``
 (default 120, see :mod:`.scan`), ``BT_CHECKPOINT_FINAL_FLUSH_S`` (default 86400).
 Exit status: 0 when everything was uploaded, 1 otherwise (the job itself is not failed by it).
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the uploader until the finish file appears, then flush."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m slurm_bt.checkpoints.agent JOB_JSON", file=sys.stderr)
+        print("usage: python -m slurm_bt.steps.checkpoint_agent JOB_JSON", file=sys.stderr)
         return 2
     stop = {"term": False}
 

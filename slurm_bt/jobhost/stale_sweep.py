@@ -6,7 +6,7 @@ The next prolog on the node removes such directories, bounded in time, and never
 
 "Active" is decided from facts root wrote itself, never from anything a user controls:
 
-* the prolog's first step creates ``<state root>/<node>/jobs/<job id>`` (:mod:`.jobstate`) and the
+* the prolog's first step creates ``<state root>/<node>/jobs/<job id>`` (:mod:`slurm_bt.posix.job_notes`) and the
   epilog removes it only after scratch, so every job between its prolog and the end of its epilog
   has that note; the state root is on tmpfs (``/run``), so a reboot clears the notes of exactly the
   jobs whose epilog never ran;
@@ -18,7 +18,7 @@ The next prolog on the node removes such directories, bounded in time, and never
   the record go: a hand-off that never completes must not hold the node's disk for ever), as are
   the current job, names that are not job ids, and anything not a directory.
 
-Removal is the epilog's (:func:`~slurm_bt.hooks.safefs.remove_tree_at`): fd-relative, never follows
+Removal is the epilog's (:func:`~slurm_bt.posix.safefs.remove_tree_at`): fd-relative, never follows
 a symlink, never crosses a mount point, stops at its deadline (the rest goes on the next prolog).
 
 The same goes for the job user's runtime directories ``<runtime root>/slurm-bt-<uid>/<job id>``
@@ -34,8 +34,8 @@ import os
 import stat
 import time
 
-from slurm_bt.hooks.runner import HookContext
-from slurm_bt.hooks.safefs import mount_points_below, remove_tree_at
+from slurm_bt.jobhost.context import HookContext
+from slurm_bt.posix.safefs import mount_points_below, remove_tree_at
 
 __all__ = ["HANDOFF_DIR", "sweep_stale_runtime", "sweep_stale_scratch"]
 

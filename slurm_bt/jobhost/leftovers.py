@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slurm_bt.hooks.status import STATE_ROOT
+from slurm_bt.posix.job_notes import STATE_ROOT
 from slurm_bt.trusted_files import read_trusted_file
 
 __all__ = [
@@ -85,8 +85,8 @@ _JOB_SIDE_EXES = frozenset({"slurmstepd", "slurmd"})
 
 def _job_notes_fd(state_root: str, node: str, job_id: str) -> int | None:
     """The job's notes directory if it exists (never created here)."""
-    from slurm_bt.hooks.jobstate import open_node_state
-    from slurm_bt.hooks.safefs import open_dir_at
+    from slurm_bt.posix.job_notes import open_node_state
+    from slurm_bt.posix.safefs import open_dir_at
 
     nfd = open_node_state(node, state_root)
     try:
@@ -104,7 +104,7 @@ def _job_notes_fd(state_root: str, node: str, job_id: str) -> int | None:
 
 
 def _write_note(state_root: str, node: str, job_id: str, gid: int, name: str, data: bytes) -> bool:
-    from slurm_bt.hooks.safefs import write_file_at
+    from slurm_bt.posix.safefs import write_file_at
 
     fd = _job_notes_fd(state_root, node, job_id)
     if fd is None:

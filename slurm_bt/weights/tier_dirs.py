@@ -13,7 +13,7 @@ makes every directory that must belong to someone, under a root-owned parent:
 
 An existing team directory that is not the team's (``cluster_cache.team_tier_problem``: wrong group,
 open to others) and a ``shared`` tier not made by root are squats: they are renamed aside, removed
-within a small budget, logged, and recorded for ``slurm-bt admin doctor`` (:mod:`slurm_bt.hooks.squats`);
+within a small budget, logged, and recorded for ``slurm-bt admin doctor`` (:mod:`slurm_bt.posix.squat_records`);
 the victim's staging job then finds its real directory and goes on. A team directory a teammate's
 stager created (group = the team's, closed to others) is the team's and is kept.
 
@@ -28,10 +28,12 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
-from slurm_bt.hooks.runner import HookContext
-from slurm_bt.hooks.safefs import (
+from slurm_bt.posix.hook_env import SlurmHookEnv
+from slurm_bt.posix.safefs import (
     UnsafeEntry,
     UntrustedPath,
     ensure_dir_at,
@@ -39,11 +41,43 @@ from slurm_bt.hooks.safefs import (
     open_trusted_dir,
     remove_tree_at,
 )
-from slurm_bt.hooks.squats import entry_kind, record_squat
-from slurm_bt.hooks.teams import TeamError, resolve_team
-from slurm_bt.site_settings import expand_path
+from slurm_bt.posix.squat_records import entry_kind, record_squat
+from slurm_bt.posix.teams import TeamError, resolve_team
+from slurm_bt.site_settings import SiteSettings, expand_path
 
-__all__ = ["STAGING_COMMENT_PREFIX", "provision_cluster_tiers"]
+__all__ = ["STAGING_COMMENT_PREFIX", "HookContext", "provision_cluster_tiers"]
+
+
+class _Log(Protocol):
+    def warning(self, message: str) -> None: ...
+    def error(self, message: str) -> None: ...
+
+
+class _TeamPolicy(Protocol):
+    @property
+    def team_groups(self) -> Mapping[str, str]: ...
+
+
+class HookContext(Protocol):
+    """The part of the prolog's :class:`slurm_bt.jobhost.context.HookContext` this module uses.
+
+    Structural, so that the weights feature does not import the host feature or the hooks.
+    """
+
+    @property
+    def env(self) -> SlurmHookEnv: ...
+    @property
+    def settings(self) -> _TeamPolicy: ...
+    @property
+    def site(self) -> SiteSettings: ...
+    @property
+    def log(self) -> _Log: ...
+    @property
+    def deadline(self) -> float: ...
+    @property
+    def state_root(self) -> str: ...
+    @property
+    def notes(self) -> list[str]: ...
 
 STAGING_COMMENT_PREFIX = "slurm-bt-staging:"
 """``weights.plan.render_staging_script`` puts ``--comment=slurm-bt-staging:<submit id>`` on staging jobs."""
@@ -149,7 +183,7 @@ def _provision(ctx: HookContext) -> None:
 
     env = ctx.env
     try:
-        team = resolve_team(env, ctx.settings)
+        team = resolve_team(env, ctx.settings.team_groups)
     except TeamError as exc:
         ctx.log.warning(f"weights tiers: {exc}")
         return

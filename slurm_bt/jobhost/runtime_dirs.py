@@ -2,21 +2,21 @@
 
 Why root creates it: the runtime root is usually ``/dev/shm``, world-writable with the sticky bit,
 so any user can create ``/dev/shm/slurm-bt-<someone else's uid>`` first; step 1 of that user's jobs
-(:mod:`slurm_bt.node.prepare`, running as the user) then cannot use the name and every one of their
+(:mod:`slurm_bt.steps.prepare`, running as the user) then cannot use the name and every one of their
 jobs on the host fails. The prolog therefore creates the directory itself, fd-relative in the
 trusted root, ``0700 <uid>:<gid>``; step 1 adopts it (it is the user's). An entry that is already
 there and is not the user's real directory (another owner, a symlink, a file, a FIFO) is a squat:
 root renames it aside to an unguessable name in the same root (atomic, nothing followed), creates
-the directory, then removes the renamed entry fd-relative (:func:`~slurm_bt.hooks.safefs.remove_tree_at`,
+the directory, then removes the renamed entry fd-relative (:func:`~slurm_bt.posix.safefs.remove_tree_at`,
 bounded; what is left stays under the aside name, owned by the squatter), and reports it in the hook
-log and a squat record (:mod:`slurm_bt.hooks.squats`, shown by ``slurm-bt admin doctor``). A squatter
+log and a squat record (:mod:`slurm_bt.posix.squat_records`, shown by ``slurm-bt admin doctor``). A squatter
 who re-creates the name faster than root three times in a row fails *that job* (never the node).
 
 The epilog removes the job's directory ``slurm-bt-<uid>/<job id>`` (per-node env files with resolved
 secrets, registry credentials, the bubblewrap argv) the same fd-relative way, also when step 2 never
 ran, and the per-user directory itself once the user has no other job on the host. Job directories whose
 epilog never ran (slurmd crashed without a reboot) are removed by the user's next prolog on the host
-(:func:`~slurm_bt.hooks.sweep.sweep_stale_runtime`).
+(:func:`~slurm_bt.jobhost.stale_sweep.sweep_stale_runtime`).
 
 A runtime root that is missing or that a non-root user could replace is left to step 1 (the no-prolog
 behaviour) with a warning: root must not create or delete by name under a path a user controls.
@@ -30,8 +30,10 @@ import secrets
 import stat
 import time
 
-from slurm_bt.hooks.runner import HookContext, HookUserError
-from slurm_bt.hooks.safefs import (
+from slurm_bt.jobhost.context import HookContext, HookUserError
+from slurm_bt.jobhost.stale_sweep import sweep_stale_runtime
+from slurm_bt.node.layout import user_runtime_dir
+from slurm_bt.posix.safefs import (
     UnsafeEntry,
     UntrustedPath,
     ensure_dir_at,
@@ -39,9 +41,7 @@ from slurm_bt.hooks.safefs import (
     open_trusted_dir,
     remove_tree_at,
 )
-from slurm_bt.hooks.squats import entry_kind, record_squat
-from slurm_bt.hooks.sweep import sweep_stale_runtime
-from slurm_bt.node.layout import user_runtime_dir
+from slurm_bt.posix.squat_records import entry_kind, record_squat
 
 __all__ = ["ASIDE_PREFIX", "SQUAT_ATTEMPTS", "make_user_runtime_dir", "remove_job_runtime_dir"]
 

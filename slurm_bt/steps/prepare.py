@@ -10,7 +10,7 @@ the slurm-bt prolog these already exist (root prepares team caches and scratch w
 creating them here, as the user, keeps jobs working on clusters without the hooks.
 
 Before anything else it reads what the root prolog left for this job on this node
-(:mod:`slurm_bt.hooks.status`): a ``prolog-error`` note makes this step exit 1 with the prolog's
+(:mod:`slurm_bt.posix.job_notes`): a ``prolog-error`` note makes this step exit 1 with the prolog's
 reason, which is how a user-caused prolog problem fails the job without draining the node; the
 ``prolog.json`` record names the team group whose caches the prolog prepared. Without a prolog
 (no notes at all) the step falls back to creating scratch and per-user caches itself, which needs a
@@ -27,12 +27,12 @@ from pathlib import Path
 
 from slurm_bt.atomic import make_private_dir, write_file_atomic
 from slurm_bt.errors import BtError, StorageError
-from slurm_bt.hooks.status import PrologRefusedError, read_hook_state
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.layout import job_layout
-from slurm_bt.node.registry_auth import enroot_credentials, registry_login
+from slurm_bt.posix.job_notes import PrologRefusedError, read_hook_state
 from slurm_bt.secrets_store import SecretStore
 from slurm_bt.site_settings import expand_path, user_path
+from slurm_bt.steps.registry_auth import enroot_credentials, registry_login
 from slurm_bt.trusted_files import check_own_dir
 
 __all__ = ["encode_env", "main", "node_environment", "prepare_node"]
@@ -172,11 +172,11 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -I -m slurm_bt.node.prepare JOB_JSON``: exit 1 with one line on any failure."""
+    """``python -I -m slurm_bt.steps.prepare JOB_JSON``: exit 1 with one line on any failure."""
     args = sys.argv[1:] if argv is None else argv
     node = os.environ.get("SLURMD_NODENAME", "?")
     if len(args) != 1:
-        print("usage: python -m slurm_bt.node.prepare JOB_JSON", file=sys.stderr)
+        print("usage: python -m slurm_bt.steps.prepare JOB_JSON", file=sys.stderr)
         return 2
     try:
         prepare_node(Path(args[0]), os.environ)

@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_bt.hooks.env import SlurmHookEnv
+from slurm_bt.posix.hook_env import SlurmHookEnv
 
 __all__ = [
     "DEFAULT_LIMITS",

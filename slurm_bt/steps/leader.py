@@ -33,7 +33,7 @@ def leader_address(client: SlurmClient, nodelist: str) -> str:
 
 
 def main() -> int:
-    """Entry point: ``python -I -m slurm_bt.node.leader`` prints the address on stdout."""
+    """Entry point: ``python -I -m slurm_bt.steps.leader`` prints the address on stdout."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
     try:
         print(leader_address(SlurmClient(SubprocessRunner()), nodelist))

@@ -16,10 +16,10 @@ from __future__ import annotations
 import grp
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_bt.hooks.config import HookSettings
-from slurm_bt.hooks.env import SlurmHookEnv
+from slurm_bt.posix.hook_env import SlurmHookEnv
 
 __all__ = ["Team", "TeamError", "resolve_team"]
 
@@ -39,15 +39,17 @@ class Team:
     via_account: bool
 
 
-def resolve_team(env: SlurmHookEnv, settings: HookSettings) -> Team:
+def resolve_team(env: SlurmHookEnv, team_groups: Mapping[str, str]) -> Team:
     """The team group of a job, after checking that the job's user belongs to it.
+
+    ``team_groups`` is hooks.toml ``[team_groups]`` (Slurm account -> Unix group).
 
     Raises:
         TeamError: the mapped group does not exist here, its name cannot be a directory name, or
             the user is not a member.
     """
     account = env.untrusted_account
-    mapped = settings.team_groups.get(account) if account else None
+    mapped = team_groups.get(account) if account else None
     if mapped is not None:
         try:
             gr = grp.getgrnam(mapped)
