@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, urlsplit
 from slurm_bt.errors import StorageError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.layout import job_layout
+from slurm_bt.posix.mountinfo import MOUNTINFO, filesystem_type
 from slurm_bt.site_settings import expand_path
 
 __all__ = [
@@ -180,26 +181,12 @@ SHARED_FS_TYPES = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs"
                              "smb3", "smbfs", "pvfs2", "orangefs", "wekafs", "9p", "virtiofs"})
 
 
-def is_shared_fs(path: str | os.PathLike[str], mountinfo: str = "/proc/self/mountinfo") -> bool:
+def is_shared_fs(path: str | os.PathLike[str], mountinfo: str = MOUNTINFO) -> bool:
     """Whether ``path`` lives on a network/cluster filesystem (so every node sees the same directory).
 
     Why: a multi-node job whose ``BT_CHECKPOINT_DIR`` is shared must be uploaded once (by rank 0),
     not once per node; a node-local one (the default: scratch) by every rank. The answer comes from
     the filesystem type of the longest mount point containing ``path``; FUSE counts as shared.
     """
-    real = os.path.realpath(path)
-    best, fstype = "", ""
-    try:
-        with open(mountinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                fields = left.split()
-                if len(fields) < 5 or not right:
-                    continue
-                mount = fields[4].replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, fstype = mount, right.split()[0]
-    except OSError:
-        return False
+    fstype = filesystem_type(path, mountinfo)
     return fstype in SHARED_FS_TYPES or fstype.startswith("fuse")

@@ -40,12 +40,12 @@ from slurm_bt.jobhost.leftovers import end_leftover_processes, mark_job_ending, 
 from slurm_bt.jobhost.runtime_dirs import remove_job_runtime_dir
 from slurm_bt.jobhost.stale_sweep import HANDOFF_DIR
 from slurm_bt.posix.job_notes import STATE_ROOT, JobStateDir
+from slurm_bt.posix.mountinfo import mount_points_below
 from slurm_bt.posix.privdrop import ChildError, run_in_child
 from slurm_bt.posix.safefs import (
     UnsafeEntry,
     UntrustedPath,
     ensure_dir_at,
-    mount_points_below,
     open_trusted_dir,
     remove_tree_at,
     write_file_at,

@@ -35,7 +35,8 @@ import stat
 import time
 
 from slurm_bt.jobhost.context import HookContext
-from slurm_bt.posix.safefs import mount_points_below, remove_tree_at
+from slurm_bt.posix.mountinfo import mount_points_below
+from slurm_bt.posix.safefs import remove_tree_at
 
 __all__ = ["HANDOFF_DIR", "sweep_stale_runtime", "sweep_stale_scratch"]
 

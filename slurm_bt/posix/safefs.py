@@ -28,8 +28,6 @@ __all__ = [
     "UnsafeEntry",
     "UntrustedPath",
     "ensure_dir_at",
-    "mount_points_below",
-    "mount_points_under",
     "open_dir_at",
     "open_trusted_dir",
     "remove_tree_at",
@@ -238,45 +236,6 @@ def set_default_group_acl(fd: int) -> bool:
             return False
         raise
     return True
-
-
-def _unescape_mountinfo(field: str) -> str:
-    out = []
-    i = 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def mount_points_under(path: str) -> list[str]:
-    """Mount points strictly below ``path`` in this mount namespace (from ``/proc/self/mountinfo``).
-
-    Catches same-device bind mounts, which an ``st_dev`` comparison alone would miss.
-    """
-    prefix = path.rstrip("/") + "/"
-    found = []
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 4:
-                    point = _unescape_mountinfo(fields[4])
-                    if point.startswith(prefix):
-                        found.append(point)
-    except OSError:
-        return []
-    return sorted(found)
-
-
-def mount_points_below(path: str) -> frozenset[tuple[str, ...]]:
-    """:func:`mount_points_under` ``path`` as path components relative to it (``remove_tree_at``'s form)."""
-    real = os.path.realpath(path)
-    return frozenset(tuple(m[len(real) + 1:].split("/")) for m in mount_points_under(real))
 
 
 @dataclass
@@ -582,7 +541,7 @@ def remove_tree_at(
         keep: relative paths under ``name`` to preserve, e.g. ``{("mnt", "checkpoints")}``; their
             parents are then kept too.
         mount_points: relative paths under ``name`` that are mount points (from
-            :func:`mount_points_under`); never entered, never unmounted.
+            :func:`slurm_bt.posix.mountinfo.mount_points_below`); never entered, never unmounted.
 
     Returns:
         a :class:`RemovalReport`; it never raises for problems inside the tree.

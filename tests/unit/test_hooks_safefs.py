@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.posix.hook_env import SlurmHookEnv
+from slurm_bt.posix.mountinfo import mount_points_under
 from slurm_bt.posix.privdrop import run_as_job_user
 from slurm_bt.posix.safefs import (
     UnsafeEntry,
     UntrustedPath,
     ensure_dir_at,
-    mount_points_under,
     open_trusted_dir,
     remove_tree_at,
 )
