@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.atomic import make_private_dir, publish_dir_atomic, write_file_atomic
-from slurm_bt.errors import Problem, SecretError, UserError
+from slurm_bt.errors import Problem, SecretError
 from slurm_bt.job_spec import JobSpec, SubmitContext, build_job_spec
 from slurm_bt.records import SubmissionRecord, write_record
 from slurm_bt.render.batch_script import ENTRY_NAME, render_batch_script, render_node_entry
+from slurm_bt.render.sbatch_args import check_sbatch_args
 from slurm_bt.secrets_store import SecretStore
 from slurm_bt.site_settings import SiteSettings, load_site_settings, user_path
 from slurm_bt.slurm.client import SlurmClient
@@ -34,17 +35,9 @@ from slurm_bt.snapshot import snapshot_config_dir
 if TYPE_CHECKING:
     from slurm_bt.compat.definitions import TrainingProject
 
-__all__ = ["FORBIDDEN_SBATCH_ARGS", "SubmitResult", "prepare_submission", "submit_config", "submit_project"]
+__all__ = ["SubmitResult", "prepare_submission", "submit_config", "submit_project"]
 
 # Pass-through sbatch options that would undo a guarantee slurm-bt makes.
-FORBIDDEN_SBATCH_ARGS = {
-    "--export": "the job environment is explicit so that no secret from your shell reaches Slurm",
-    "--export-file": "the job environment is explicit so that no secret from your shell reaches Slurm",
-    "--get-user-env": "the job environment is explicit so that no secret from your shell reaches Slurm",
-    "--wrap": "the batch script is generated from the config",
-}
-
-
 @dataclass
 class SubmitResult:
     """The outcome of one submission (``job_id`` is ``None`` for a dry run)."""
@@ -79,13 +72,6 @@ def _version() -> str:
         return version("slurm-bt")
     except PackageNotFoundError:
         return "0+unknown"
-
-
-def _check_sbatch_args(args: Sequence[str]) -> None:
-    for arg in args:
-        name = arg.split("=", 1)[0]
-        if name in FORBIDDEN_SBATCH_ARGS:
-            raise UserError("bt-sbatch", [Problem(name, f"not allowed: {FORBIDDEN_SBATCH_ARGS[name]}")])
 
 
 def prepare_submission(
@@ -153,7 +139,7 @@ def submit_project(
 ) -> SubmitResult:
     """Submit an already loaded project whose files live beside ``config_path``."""
     site = site or load_site_settings(environ=environ)
-    _check_sbatch_args(sbatch_args)
+    check_sbatch_args(sbatch_args)
     spec = prepare_submission(project, config_path=config_path, source=source, site=site)
     if spec.load_checkpoint.enabled:  # pin LoadCheckpointConfig now: "latest" moves (docs/checkpoints.md)
         from slurm_bt.checkpoints.resolve import resolve_load_checkpoints

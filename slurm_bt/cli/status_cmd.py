@@ -76,7 +76,8 @@ def _degraded_exit(error: Exception | None) -> None:
 
 def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s: float, as_json: bool,
                   limit: int | None = None) -> list[dict[str, Any]]:
-    from slurm_bt.jobs.lifecycle import query_statuses, wait_for_jobs, weights_status
+    from slurm_bt.jobs.lifecycle import query_statuses, wait_for_jobs
+    from slurm_bt.weights.job_status import weights_status
 
     records = load_records(job_ids, project, everything=limit is not None)
     if project is not None or limit is not None:

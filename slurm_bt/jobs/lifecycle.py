@@ -12,9 +12,9 @@ job name, the staging job). Every call asks **one** batched question:
 
 Privacy: sacct and squeue run *as the caller*, so the caller sees exactly what Slurm shows them
 (``PrivateData`` applies); nothing here reads another user's files. The one file read beyond the
-records, the weights delivery status (:func:`weights_status`), comes from the job dir named in the
-caller's own record, only when that record says the job declared weights, and only from a folder the
-caller owns.
+records, the weights delivery status (:func:`slurm_bt.weights.job_status.weights_status`, which the
+status command adds), comes from the job dir named in the caller's own record, only when that record
+says the job declared weights, and only from a folder the caller owns.
 
 Array jobs asked for by their master id (``123``) and het jobs (``123`` with ``123+0``, ``123+1``)
 are folded into one status: the least advanced member while any is still active, otherwise the
@@ -23,13 +23,10 @@ worst outcome, with per-state counts in the detail.
 
 from __future__ import annotations
 
-import os
-import stat
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.errors import Problem, SlurmCommandError, UserError
@@ -48,7 +45,6 @@ __all__ = [
     "job_statuses",
     "query_statuses",
     "wait_for_jobs",
-    "weights_status",
 ]
 
 # Order used to fold array tasks / het components: while any member is active, show the least
@@ -308,25 +304,3 @@ def wait_for_jobs(
         if done or clock() >= deadline:
             return report
         sleep(min(backoff.next(), max(0.0, deadline - clock())))
-
-
-def weights_status(record: SubmissionRecord | None) -> dict[str, Any] | None:
-    """Which tier served each weights source, per node (``read_weights_status``), or None.
-
-    ``None`` for jobs without a record or without weights: those cost no file access at all, which
-    keeps ``slurm-bt status`` as fast as before for them. Otherwise ``<job_dir>/weights`` is read
-    only if it is a directory the caller owns (step 1 and the staging job write it as the job user),
-    so a record edited to point elsewhere cannot make status read someone else's files.
-    """
-    if record is None or record.weights_sources <= 0:
-        return None
-    from slurm_bt.weights.job_status import read_weights_status
-
-    folder = Path(record.job_dir) / "weights"
-    try:
-        st = os.lstat(folder)
-    except OSError:
-        return {"staging": [], "nodes": {}}  # submitted, nothing written yet
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        return None
-    return read_weights_status(record.job_dir)

@@ -115,14 +115,14 @@ def submit_remote(
         RemoteError: SSH, upload or the remote command could not run.
     """
     from slurm_bt.compat.loader import load_training_project
+    from slurm_bt.render.sbatch_args import check_sbatch_args
     from slurm_bt.site_settings import load_site_settings
     from slurm_bt.snapshot import snapshot_config_dir
-    from slurm_bt.submit import _check_sbatch_args
 
     source = os.fspath(config)
     config_path = Path(source).resolve()
     project = load_training_project(config)
-    _check_sbatch_args(sbatch_args)
+    check_sbatch_args(sbatch_args)
     workspace = project.job.workspace
     if workspace is not None and workspace.external_dirs:
         raise UserError(source, [Problem("job.workspace.external_dirs",

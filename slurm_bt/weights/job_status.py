@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_bt.atomic import write_file_atomic
 
-__all__ = ["format_bytes", "read_weights_status", "summary_lines", "write_node_status", "write_staging_status"]
+if TYPE_CHECKING:
+    from slurm_bt.records import SubmissionRecord
+
+__all__ = ["format_bytes", "read_weights_status", "summary_lines", "weights_status", "write_node_status",
+           "write_staging_status"]
 
 
 def format_bytes(n: float) -> str:
@@ -120,3 +125,23 @@ def summary_lines(status: Mapping[str, Any]) -> list[str]:
             lines.append(f"weights: {e.get('source', '?')} staging {e.get('tier', '?')} "
                          f"{format_bytes(_num(e.get('total_bytes')))} {_num(e.get('seconds')):.2f}s")
     return lines
+
+
+def weights_status(record: SubmissionRecord | None) -> dict[str, Any] | None:
+    """Which tier served each weights source, per node (``read_weights_status``), or None.
+
+    ``None`` for jobs without a record or without weights: those cost no file access at all, which
+    keeps ``slurm-bt status`` as fast as before for them. Otherwise ``<job_dir>/weights`` is read
+    only if it is a directory the caller owns (step 1 and the staging job write it as the job user),
+    so a record edited to point elsewhere cannot make status read someone else's files.
+    """
+    if record is None or record.weights_sources <= 0:
+        return None
+    folder = Path(record.job_dir) / "weights"
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return {"staging": [], "nodes": {}}  # submitted, nothing written yet
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return None
+    return read_weights_status(record.job_dir)

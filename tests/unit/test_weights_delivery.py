@@ -368,9 +368,8 @@ def test_cache_cli_warm_ls_inspect_evict(world: dict[str, object], repo: tuple[s
 
 def test_status_weights_view_reads_only_own_job_dirs_of_jobs_with_weights(tmp_path: Path) -> None:
     from slurm_bt.cli.status_cmd import render_table
-    from slurm_bt.jobs.lifecycle import weights_status
     from slurm_bt.records import SubmissionRecord
-    from slurm_bt.weights.job_status import summary_lines, write_node_status, write_staging_status
+    from slurm_bt.weights.job_status import summary_lines, weights_status, write_node_status, write_staging_status
 
     job_dir = tmp_path / "job"
     job_dir.mkdir()
