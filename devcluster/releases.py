@@ -288,7 +288,7 @@ def test(suite: str, pytest_args: list[str], allow_known_gaps: bool = False) -> 
     # One shell line so that `down` runs whatever pytest returned; the runner stops the rest by PID.
     quoted = " ".join(_q(a) for a in args)
     script = (f"set -u; /usr/bin/python3 {dc} up || exit 90; "
-              f"{py} -m pytest -q -p no:cacheprovider {quoted}; rc=$?; "
+              f"{py} -u -m pytest -q -p no:cacheprovider {quoted}; rc=$?; "
               f"/usr/bin/python3 {dc} down; exit $rc")
     t0 = time.monotonic()
     say(f"{suite}: running the suite inside the root ({' '.join(args)})")
