@@ -1,20 +1,17 @@
-"""Root-run Slurm hooks (Prolog/Epilog) for slurm-bt: code that runs on compute nodes as root.
+"""The root-run Slurm hooks (Prolog/Epilog): entry points only, on compute nodes as root.
 
-Everything in this package assumes a hostile local user (threats-and-faults.md R1-R3):
-
-* :mod:`~slurm_bt.posix.hook_env` trusts only the Slurm variables that slurmd itself sets
-  (``SLURM_JOB_ID/UID/GID/USER``, ``SLURMD_NODENAME``, ``SLURM_SCRIPT_CONTEXT``,
-  ``SLURM_CLUSTER_NAME``); the comment, the work dir and ``job.json`` are untrusted;
-* :mod:`~slurm_bt.posix.privdrop` runs work on user-named paths in a forked child that has become
-  the job user (groups, gid, uid; verified; ``no_new_privs``; clean env; no inherited fds);
-* :mod:`~slurm_bt.posix.safefs` does fd-relative, symlink-refusing creation and deletion in
-  root-owned trees;
-* :mod:`~slurm_bt.hooks.runner` maps every outcome onto Slurm's exit-code semantics: a user's
-  mistake fails that job (exit 0, reason in a job-keyed status file), a node fault exits non-zero
-  with a reason saying what to fix;
 * :mod:`~slurm_bt.hooks.prolog` and :mod:`~slurm_bt.hooks.epilog` are the two entry points
   (``python -I -m slurm_bt.hooks.prolog``), wrapped by ``prolog/slurm-bt-prolog`` and
   ``epilog/slurm-bt-epilog``. Their contract is in ``prolog/README.md`` and ``epilog/README.md``.
+* :mod:`~slurm_bt.hooks.runner` is their exit-code policy: it loads the hook policy and the site
+  once per run, maps a user's mistake onto "fail that job" (exit 0, reason in the job's notes) and
+  a node fault onto a drain with a reason saying what to fix.
+
+What they call lives below them and never imports them (docs/architecture.md, "Layers"): the
+features (:mod:`slurm_bt.jobhost` for runtime dirs, leftovers and stale scratch;
+:mod:`slurm_bt.checkpoints.flush`; :mod:`slurm_bt.weights.node_stage` and
+:mod:`slurm_bt.weights.tier_dirs`) and the POSIX primitives in :mod:`slurm_bt.posix` (trusted hook
+environment, privilege drop, fd-relative safe filesystem, mountinfo, the per-job notes).
 
 Importing this package imports nothing heavy: hooks must start fast.
 """

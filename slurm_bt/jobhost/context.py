@@ -118,7 +118,7 @@ class HookContext:
         deadline: ``time.monotonic()`` value of the internal deadline.
         state_root: root of the job-keyed notes (``/run/slurm-bt``; tests override it).
         site_path: the ``--site`` file the wrapper named (``None``: the default site file); passed
-            on to hook points so that they read the same storage roots as the hook itself.
+            on to the features the hook calls so that they read the same storage roots as the hook itself.
         phase: the current phase, named in deadline and crash reports.
         notes: short facts logged in the final line (``scratch=created`` ...).
     """

@@ -116,7 +116,7 @@ class SlurmHookEnv:
                    home=pw.pw_dir, untrusted_account="", untrusted_comment="", untrusted_work_dir="")
 
     def to_environ(self) -> dict[str, str]:
-        """The validated values under their Slurm names (for hook points that take an environ).
+        """The validated values under their Slurm names (for the features the epilog calls with an environ).
 
         The trusted variables, plus ``SLURM_JOB_WORK_DIR`` and ``SLURM_JOB_ACCOUNT`` as the hints
         they are (consumers must open the work dir only as the job user).

@@ -13,8 +13,8 @@ Format (all keys optional; unknown keys are errors)::
     job_json_max_bytes = 1048576
     log_file = "/var/log/slurm-bt/hooks.log"
     scratch_min_free_mib = 1024  # below this the prolog fails the job (not the node)
-    flush_budget_s = 45          # epilog: checkpoint flush hook point
-    node_cache_budget_s = 10     # epilog: node-cache lease release + LRU hook points
+    flush_budget_s = 45          # epilog: checkpoint flush
+    node_cache_budget_s = 10     # epilog: node-cache lease release + LRU
     [team_groups]                # Slurm account -> Unix group that owns the team cache
     ml-research = "mlteam"
     [handoff]                    # checkpoint hand-offs (docs/checkpoints.md): quarantine and bounds
@@ -46,9 +46,9 @@ __all__ = ["DEFAULT_HOOKS_PATH", "HOOK_SITE_ENV", "HandoffPolicy", "HookConfigEr
 
 DEFAULT_HOOKS_PATH = Path("/etc/slurm-bt/hooks.toml")
 HOOK_SITE_ENV = "SLURM_BT_HOOK_SITE"
-"""Set by the hooks (never by users) in the clean environment of a hook point's child: the wrapper's
-``--site`` file, so that hook-point code reads the same storage roots as the hook. It names a file
-only; :func:`load_trusted_site` still refuses it unless root owns it."""
+"""Set by the hooks (never by users) in the clean environment of the epilog's node-cache children: the
+wrapper's ``--site`` file, so that they read the same storage roots as the hook. It names a file only;
+:func:`load_trusted_site` still refuses it unless root owns it."""
 
 _GroupName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")]
 _Account = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")]
@@ -95,8 +95,8 @@ class HookSettings(BaseModel):
         job_json_max_bytes: larger job specs are refused (the job fails).
         log_file: root-owned log (the hooks print nothing on success).
         scratch_min_free_mib: free space the prolog wants on the scratch filesystem.
-        flush_budget_s: time the epilog gives the checkpoint flush hook point.
-        node_cache_budget_s: time the epilog gives the node-cache hook points.
+        flush_budget_s: time the epilog gives the checkpoint flush.
+        node_cache_budget_s: time the epilog gives the node-cache lease release and LRU.
         team_groups: Slurm account → Unix group owning that account's team and project caches;
             accounts not listed use the job's primary group (``SLURM_JOB_GID``).
         stale_scratch_after_s: the prolog removes scratch of jobs that are not active on the node
