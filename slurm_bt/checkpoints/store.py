@@ -422,7 +422,7 @@ class FileStore:
                         old = -1  # absent, or an odd entry that the rename below replaces
                     if old >= 0:
                         try:
-                            if os.fstat(old).st_size == size and sha256_fd(old, size) == expect_sha256:
+                            if os.fstat(old).st_size == size and sha256_fd(old, size)[0] == expect_sha256:
                                 return UploadResult(expect_sha256, size, "local", skipped=True)
                         finally:
                             os.close(old)

@@ -257,7 +257,7 @@ class RankUploader:
             if prev is not None and prev.size == size:
                 from slurm_bt.storage.checksums import sha256_fd
 
-                local = sha256_fd(fd, size)
+                local = sha256_fd(fd, size)[0]
                 expect = local if local == prev.sha256 else None
             result = self.store.upload_file(fd, size, key, expect_sha256=expect)
         finally:

@@ -185,15 +185,21 @@ def s3_etag_md5(etag: str | None) -> str | None:
     return value if _HEX["md5"].match(value) else None
 
 
-def sha256_fd(fd: int, size: int | None = None) -> str:
-    """Hash an open file from offset 0 (``pread``: the caller's offset is untouched)."""
+def sha256_fd(fd: int, size: int | None = None) -> tuple[str, int]:
+    """sha256 hex digest and byte count of an open file from offset 0 (at most ``size`` bytes).
+
+    ``preadv`` into one reused 8 MiB buffer: the caller's offset is untouched and no per-chunk
+    bytes object is allocated (this runs over every blob the caches verify).
+    """
     h = hashlib.sha256()
-    offset = 0
-    while size is None or offset < size:
-        want = CHUNK_BYTES if size is None else min(CHUNK_BYTES, size - offset)
-        chunk = os.pread(fd, want, offset)
-        if not chunk:
+    buf = bytearray(CHUNK_BYTES)
+    view = memoryview(buf)
+    off = 0
+    while size is None or off < size:
+        want = CHUNK_BYTES if size is None else min(CHUNK_BYTES, size - off)
+        n = os.preadv(fd, [view[:want]], off)
+        if n <= 0:
             break
-        h.update(chunk)
-        offset += len(chunk)
-    return h.hexdigest()
+        h.update(view[:n])
+        off += n
+    return h.hexdigest(), off

@@ -9,7 +9,6 @@ for checkpoint files, whose sha256 the index records.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -97,7 +96,7 @@ def download_to(backend: Backend, path: str, dest: Path, *, size: int, sha256: s
             with ThreadPoolExecutor(max(1, min(workers, -(-size // part_size))), thread_name_prefix="bt-get") as pool:
                 for f in [pool.submit(fetch, off) for off in range(0, size, part_size)]:
                     f.result()
-        actual = sha256_fd(fd, size) if size else hashlib.sha256(b"").hexdigest()
+        actual = sha256_fd(fd, size)[0]
         if actual != sha256 or os.fstat(fd).st_size != size:
             raise IntegrityError(backend.url.canonical, "checkpoint file does not match the index", file=path,
                                  expected=sha256, actual=actual)

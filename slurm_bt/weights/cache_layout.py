@@ -56,7 +56,6 @@ __all__ = [
     "parse_tmp_name",
     "publish_blob_file",
     "remove_tree",
-    "sha256_fd",
     "snapshot_is_intact",
     "tmp_name",
 ]
@@ -292,21 +291,6 @@ def open_regular(path: Path) -> int:
         raise StorageError(str(path), "is not a regular file; refusing to read it")
     os.set_blocking(fd, True)
     return fd
-
-
-def sha256_fd(fd: int) -> tuple[str, int]:
-    """sha256 hex digest and byte count of an open file from offset 0."""
-    h = hashlib.sha256()
-    buf = bytearray(8 << 20)
-    view = memoryview(buf)
-    off = 0
-    while True:
-        n = os.preadv(fd, [buf], off)
-        if n <= 0:
-            break
-        h.update(view[:n])
-        off += n
-    return h.hexdigest(), off
 
 
 def _move(src_fd: int, dst_fd: int, off: int, count: int, use_cfr: list[bool]) -> int:

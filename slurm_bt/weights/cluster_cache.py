@@ -35,6 +35,7 @@ from pathlib import Path
 
 from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.errors import StorageError
+from slurm_bt.storage.checksums import sha256_fd
 from slurm_bt.trusted_files import describe_owner as _describe
 from slurm_bt.trusted_files import is_team_dir
 from slurm_bt.weights.cache_layout import (
@@ -46,7 +47,6 @@ from slurm_bt.weights.cache_layout import (
     parse_tmp_name,
     publish_blob_file,
     remove_tree,
-    sha256_fd,
     tmp_name,
 )
 from slurm_bt.weights.locks import LockOptions, optional_lock, writer_is_dead

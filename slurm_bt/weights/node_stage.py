@@ -51,8 +51,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import RuntimeFailure
+from slurm_bt.storage.checksums import sha256_fd
 from slurm_bt.trusted_files import read_trusted_file
-from slurm_bt.weights.cache_layout import sha256_fd
 from slurm_bt.weights.manifest import Manifest
 
 if TYPE_CHECKING:

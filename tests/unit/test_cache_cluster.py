@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.errors import CacheIntegrityError, StorageError
-from slurm_bt.weights.cache_layout import CACHEDIR_TAG, sha256_fd
+from slurm_bt.storage.checksums import sha256_fd
+from slurm_bt.weights.cache_layout import CACHEDIR_TAG
 from slurm_bt.weights.cluster_cache import ClusterCache
 from slurm_bt.weights.locks import LockOptions
 from slurm_bt.weights.manifest import Manifest

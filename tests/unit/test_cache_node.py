@@ -60,12 +60,13 @@ def test_hit_does_not_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     c, m = _cluster(tmp_path, _model(1))
     n = NodeCache(tmp_path / "n", 1 << 30)
     n.stage(m, c, "1", authorize=allow)
+    from slurm_bt.storage import checksums
     from slurm_bt.weights import cache_layout, node_cache
 
     def boom(*_a: object, **_k: object) -> None:
         raise AssertionError("blob hashing or copying on the hit path")
 
-    for mod, name in [(cache_layout, "copy_and_hash"), (cache_layout, "sha256_fd"), (node_cache, "copy_and_hash")]:
+    for mod, name in [(cache_layout, "copy_and_hash"), (checksums, "sha256_fd"), (node_cache, "copy_and_hash")]:
         monkeypatch.setattr(mod, name, boom)
     n.stage(m, c, "2", authorize=allow)
 
