@@ -12,7 +12,7 @@ step runs on the host for every container runtime.
 
 Usage: ``python -I -m slurm_bt.steps.checkpoint_agent JOB_JSON``. Tunables (environment, e.g. via the
 config's ``environment_variables``): ``BT_CHECKPOINT_POLL_S`` (default 5), ``BT_CHECKPOINT_QUIET_S``
-(default 120, see :mod:`.scan`), ``BT_CHECKPOINT_FINAL_FLUSH_S`` (default 86400).
+(default 120, see :mod:`slurm_bt.checkpoints.scan`), ``BT_CHECKPOINT_FINAL_FLUSH_S`` (default 86400).
 Exit status: 0 when everything was uploaded, 1 otherwise (the job itself is not failed by it).
 """
 
