@@ -13,14 +13,18 @@ import os
 import shutil
 import socket
 import stat
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurm_bt.cli.errors import handle_errors
+from slurm_bt.errors import SlurmCommandError
+
+if TYPE_CHECKING:
+    from slurm_bt.slurm.client import SlurmClient
 
 __all__ = ["HANDOFF_UNIT", "Check", "admin_group", "doctor_checks", "render_handoff_units", "render_wrapper",
            "slurm_conf_lines"]
@@ -143,35 +147,31 @@ class Check:
     warn: bool = False
 
 
+def _slurm() -> SlurmClient:
+    from slurm_bt.cli.options import make_client
+
+    client = make_client()
+    client.timeout_s = 20  # doctor must answer even when slurmctld hangs
+    return client
+
+
 def _scontrol_config() -> dict[str, str] | None:
-    exe = shutil.which("scontrol") or "/usr/bin/scontrol"
+    """slurmctld's running config; ``None`` when scontrol fails (the doctor reports that)."""
     try:
-        out = subprocess.run([exe, "show", "config"], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        return _slurm().config()
+    except SlurmCommandError:
         return None
-    if out.returncode != 0:
-        return None
-    conf = {}
-    for line in out.stdout.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            conf[key.strip()] = value.strip()
-    return conf
 
 
 def _local_nodes() -> list[str]:
     """Slurm node names served by this host (several in the dev cluster)."""
-    exe = shutil.which("scontrol") or "/usr/bin/scontrol"
     host = socket.gethostname().split(".")[0]
     try:
-        out = subprocess.run([exe, "show", "node", "-o"], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        nodes = _slurm().nodes()
+    except SlurmCommandError:
         return [host]
-    names = []
-    for line in out.stdout.splitlines():
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if fields.get("NodeHostName", "").split(".")[0] == host and fields.get("NodeName"):
-            names.append(fields["NodeName"])
+    names = [n["NodeName"] for n in nodes
+             if n.get("NodeName") and n.get("NodeHostName", "").split(".")[0] == host]
     return names or [host]
 
 
@@ -201,7 +201,7 @@ def _handoff_area_check(node: str, storage: dict[str, str], max_age_s: float = 3
     """Hand-offs still waiting an hour after the epilog: its background sweep did not finish them."""
     import time
 
-    from slurm_bt.checkpoints.layout import handoff_root
+    from slurm_bt.checkpoints.locations import handoff_root
 
     area = Path(handoff_root(storage, node))
     try:  # an empty entry holds nothing to upload (the sweep removes it)
@@ -268,7 +268,7 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
     """Run every check for this host's ``nodes``; see the module docstring."""
     from slurm_bt.posix.job_notes import STATE_ROOT
     from slurm_bt.site.hook_settings import HookConfigError, load_hook_settings, load_trusted_site
-    from slurm_bt.site_settings import expand_path
+    from slurm_bt.site.settings import expand_path
 
     checks: list[Check] = []
     if os.geteuid() != 0:
@@ -434,7 +434,7 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
     """Write the hook wrappers, create this node's storage roots and print the slurm.conf lines."""
     with handle_errors("slurm-bt admin"):
         from slurm_bt.site.hook_settings import load_hook_settings, load_trusted_site
-        from slurm_bt.site_settings import expand_path
+        from slurm_bt.site.settings import expand_path
 
         settings = load_hook_settings(Path(config) if config else None)
         site_settings = load_trusted_site(Path(site) if site else None)

@@ -19,12 +19,13 @@ __all__ = ["leader_address", "main"]
 
 
 def leader_address(client: SlurmClient, nodelist: str) -> str:
-    """The reachable address of the first node of ``nodelist`` (a Slurm hostlist expression)."""
-    result = client.runner.run(["scontrol", "show", "hostnames", nodelist])
-    names = result.stdout.split()
-    if result.returncode != 0 or not names:
-        raise RuntimeError(f"cannot expand the node list {nodelist!r}: {result.stderr.strip()}")
-    addr = client.node_addr(names[0])
+    """The reachable address of the first node of ``nodelist`` (a Slurm hostlist expression).
+
+    Raises:
+        SlurmCommandError: scontrol could not expand the list or does not know the node.
+        ValueError: ``nodelist`` is empty or not a hostlist expression.
+    """
+    addr = client.node_addr(client.hostnames(nodelist)[0])
     try:
         infos = socket.getaddrinfo(addr, None, socket.AF_INET, socket.SOCK_STREAM)
     except OSError:
@@ -37,7 +38,7 @@ def main() -> int:
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
     try:
         print(leader_address(SlurmClient(SubprocessRunner()), nodelist))
-    except (BtError, RuntimeError, OSError) as exc:
+    except (BtError, RuntimeError, ValueError, OSError) as exc:
         print(f"slurm-bt: cannot determine the leader address: {exc}", file=sys.stderr)
         return 1
     return 0

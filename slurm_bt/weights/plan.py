@@ -45,7 +45,7 @@ from slurm_bt.weights.manifest import Manifest, ManifestFile, SourceKind
 if TYPE_CHECKING:
     from slurm_bt.job_spec import JobSpec, WeightsSpec
     from slurm_bt.secrets_store import SecretStore
-    from slurm_bt.site_settings import SiteSettings
+    from slurm_bt.site.settings import SiteSettings
     from slurm_bt.slurm.client import SlurmClient
     from slurm_bt.storage.base import Listing
     from slurm_bt.weights.cluster_cache import ClusterCache
@@ -167,7 +167,7 @@ def pin_key(kind: str, source: str, revision: str, files: Sequence[PinnedFile]) 
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def default_account() -> str | None:
+def default_account(client: SlurmClient | None = None) -> str | None:
     """The submitting user's default Slurm account (``sacctmgr``), or None when it cannot be told.
 
     The job's ``SLURM_JOB_ACCOUNT`` (what the prolog maps to a team) is this account when the user
@@ -175,16 +175,14 @@ def default_account() -> str | None:
     """
     import pwd
 
-    from slurm_bt.slurm.runner import SubprocessRunner, scrubbed_env
+    from slurm_bt.slurm.client import SlurmClient
+    from slurm_bt.slurm.runner import SubprocessRunner
 
     user = pwd.getpwuid(os.getuid()).pw_name
     try:
-        result = SubprocessRunner().run(["sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount"],
-                                        env=scrubbed_env(), timeout_s=20)
+        return (client or SlurmClient(SubprocessRunner(), timeout_s=20)).default_account(user)
     except Exception:
         return None
-    lines = [ln.strip() for ln in result.stdout.splitlines() if ln.strip()]
-    return lines[0] if result.ok and lines else None
 
 
 def team_for_user(sbatch_args: Sequence[str] = (),
@@ -200,7 +198,7 @@ def team_for_user(sbatch_args: Sequence[str] = (),
     group = grp.getgrgid(os.getgid()).gr_name
     account = next((a.split("=", 1)[1] for a in sbatch_args if a.startswith("--account=")), None)
     try:
-        from slurm_bt.hooks.config import load_hook_settings
+        from slurm_bt.site.hook_settings import load_hook_settings
 
         team_groups = load_hook_settings().team_groups
     except Exception:
@@ -380,7 +378,7 @@ def plan_weights(spec: JobSpec, site: SiteSettings, store: SecretStore, *, team:
             (bad URI or secret format, 401/403, 404, nothing selected by the patterns).
         SourceError: exit 1; the origin was unreachable after bounded retries.
     """
-    from slurm_bt.site_settings import user_path
+    from slurm_bt.site.settings import user_path
     from slurm_bt.storage.credentials import credentials_from_store
 
     base = user_path(site.storage.cluster_cache)
@@ -470,12 +468,4 @@ def release_staging_job(client: SlurmClient, staging_id: str, env: Mapping[str, 
     Raises:
         SlurmCommandError: the release failed (the caller cancels both jobs).
     """
-    from slurm_bt.errors import SlurmCommandError
-    from slurm_bt.slurm.runner import scrubbed_env
-
-    argv = ["scontrol", "release", staging_id]
-    result = client.runner.run(argv, env=scrubbed_env(env if env is not None else os.environ),
-                               timeout_s=client.timeout_s)
-    if not result.ok:
-        raise SlurmCommandError(argv, result.returncode, result.stderr,
-                                f"the weights staging job {staging_id} stays held; cancel it with scancel")
+    client.release(staging_id, env=env)

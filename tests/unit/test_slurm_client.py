@@ -284,3 +284,50 @@ def test_subprocess_runner_missing_binary_and_timeout() -> None:
     assert info.value.returncode == 127
     with pytest.raises(SlurmCommandError, match="timed out"):
         runner.run(["sleep", "5"], timeout_s=0.2)
+
+
+# ---------------------------------------------------------------------- the former bypasses, now on the client
+
+
+def test_moved_call_sites_reach_the_fake_with_a_scrubbed_env(
+    slurm: FakeSlurm, client: SlurmClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """steps/leader.py, weights/plan.py (twice) and cli/admin_cmd.py used to run scontrol/sacctmgr
+    around the client: FakeSlurm never saw them and leader/admin passed the whole environment."""
+    import os
+    import pwd
+    import socket
+
+    from slurm_bt.cli import admin_cmd, options
+    from slurm_bt.steps.leader import leader_address
+    from slurm_bt.weights.plan import default_account, release_staging_job
+
+    assert leader_address(client, "n[1-2]") == "10.0.0.1"
+    assert [c.argv for c in slurm.calls] == [
+        ("scontrol", "show", "hostnames", "n[1-2]"),
+        ("scontrol", "--oneliner", "show", "node", "n1"),
+    ]
+    with pytest.raises(ValueError):
+        leader_address(client, "")
+
+    staging = client.submit(SCRIPT, ["--hold"])
+    release_staging_job(client, staging, ENV)
+    assert slurm.released == [int(staging)]
+
+    slurm.default_accounts = {pwd.getpwuid(os.getuid()).pw_name: "btteam1"}
+    assert default_account(client) == "btteam1"
+    assert slurm.calls[-1].program == "sacctmgr"
+
+    slurm.config["Prolog"] = "/usr/libexec/slurm-bt/slurm-bt-prolog"
+    slurm.node_addrs = {socket.gethostname().split(".")[0]: "10.0.0.9", "other": "10.0.0.8"}
+    monkeypatch.setattr(options, "make_client", lambda: client)
+    conf = admin_cmd._scontrol_config()
+    assert conf is not None and conf["Prolog"] == "/usr/libexec/slurm-bt/slurm-bt-prolog"
+    assert admin_cmd._local_nodes() == [socket.gethostname().split(".")[0]]
+    assert client.timeout_s == 20
+    slurm.fail_next("scontrol", times=2)
+    assert admin_cmd._scontrol_config() is None and admin_cmd._local_nodes() == [socket.gethostname().split(".")[0]]
+
+    assert {c.program for c in slurm.calls} == {"scontrol", "sbatch", "sacctmgr"}
+    for call in slurm.calls:
+        assert call.env is not None and "HF_TOKEN" not in call.env and "SLURM_JOB_ID" not in call.env, call
