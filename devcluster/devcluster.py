@@ -369,6 +369,10 @@ def ensure_dirs() -> bool:
     # Root of the project/team caches: root-owned so that only the prolog creates team directories
     # (2770 root:<group>) in it; see docs/admin.md.
     mkdir(STATE / "shared" / "cache", 0o755)
+    # The dev site's file:// checkpoint store (docs/checkpoints.md): created by the admin, root-owned 1777,
+    # as `admin doctor` and the prepare step require. Left to the first job, it would belong to that user
+    # and every later job would be refused ("is owned by another user, not root").
+    mkdir(STATE / "shared" / "checkpoints", 0o1777)
     mkdir(STATE / "node", 0o755)
     # Node-local stand-ins, one tree per slurmd (site storage roots use %n). The slurm-bt prolog
     # creates each job's scratch (0700, the job's user), so the scratch root is root-owned 0755:
