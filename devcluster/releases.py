@@ -287,9 +287,21 @@ def test(suite: str, pytest_args: list[str], allow_known_gaps: bool = False) -> 
     py = "/opt/slurm-bt/venv/bin/python"
     # One shell line so that `down` runs whatever pytest returned; the runner stops the rest by PID.
     quoted = " ".join(_q(a) for a in args)
-    script = (f"set -u; /usr/bin/python3 {dc} up || exit 90; "
-              f"{py} -u -m pytest -q -p no:cacheprovider {quoted}; rc=$?; "
-              f"/usr/bin/python3 {dc} down; exit $rc")
+    # Jobs still queued or running at the end are cancelled (their epilogs run) before `down`: slurmctld's
+    # state stays in the cached root, and would otherwise restart them in the next run's cluster.
+    script = f"""set -u
+/usr/bin/python3 {dc} up || exit 90
+{py} -u -m pytest -q -p no:cacheprovider {quoted}
+rc=$?
+jobs=$(squeue -h -o %A)
+if [ -n "$jobs" ]; then
+  echo "releases: cancelling jobs left by the suite: $(echo $jobs)"
+  scancel $jobs
+  for _ in $(seq 60); do [ -z "$(squeue -h -o %A)" ] && break; sleep 1; done
+fi
+/usr/bin/python3 {dc} down
+exit $rc
+"""
     t0 = time.monotonic()
     say(f"{suite}: running the suite inside the root ({' '.join(args)})")
     failed: list[str] = []
