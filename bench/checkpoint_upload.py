@@ -182,7 +182,7 @@ def epilog(server: SeaweedS3, work: Path, gib: float, budget_s: float) -> dict[s
 
     from slurm_bt.checkpoints.flush import STATE_NAME, flush_job_checkpoints
     from slurm_bt.secrets_store import SecretStore
-    from slurm_bt.site_settings import SiteSettings
+    from slurm_bt.site.settings import SiteSettings
     from tests.spec_helpers import spec_for
 
     if os.geteuid() != 0:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from slurm_bt.errors import ConfigError, Problem
-from slurm_bt.site_settings import SiteSettings
+from slurm_bt.site.settings import SiteSettings
 
 if TYPE_CHECKING:  # the compat models are only needed for typing here
     from slurm_bt.compat.definitions import TrainingProject

@@ -27,7 +27,7 @@ from slurm_bt.records import SubmissionRecord, write_record
 from slurm_bt.render.batch_script import ENTRY_NAME, render_batch_script, render_node_entry
 from slurm_bt.render.sbatch_args import check_sbatch_args
 from slurm_bt.secrets_store import SecretStore
-from slurm_bt.site_settings import SiteSettings, load_site_settings, user_path
+from slurm_bt.site.settings import SiteSettings, load_site_settings, user_path
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.runner import CommandRunner, SubprocessRunner
 from slurm_bt.snapshot import snapshot_config_dir

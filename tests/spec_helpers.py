@@ -6,7 +6,7 @@ from pathlib import Path
 
 from slurm_bt.compat.loader import load_training_project
 from slurm_bt.job_spec import JobSpec, SubmitContext, build_job_spec
-from slurm_bt.site_settings import SiteSettings
+from slurm_bt.site.settings import SiteSettings
 
 GOLDEN = Path(__file__).parent / "golden"
 

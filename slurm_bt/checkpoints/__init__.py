@@ -5,7 +5,8 @@ Who runs what, where (docs/checkpoints.md has the full story):
 ======================  ==============================  ============================================
 piece                   runs on / as                    does
 ======================  ==============================  ============================================
-:mod:`.agent`           every node, as the job user,    uploads each *completed* checkpoint while
+:mod:`slurm_bt.steps.checkpoint_agent`
+                        every node, as the job user,    uploads each *completed* checkpoint while
                         a background ``srun`` step      training runs; a final flush when the start
                                                         commands are done
 :func:`.flush.flush_job_checkpoints`

@@ -20,11 +20,11 @@ from typing import Any
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.checkpoints.index import decode_relpath
-from slurm_bt.checkpoints.layout import file_key, valid_checkpoint_name
+from slurm_bt.checkpoints.locations import file_key, valid_checkpoint_name
 from slurm_bt.checkpoints.resolve import open_user_store, safe_relpath
 from slurm_bt.errors import StorageError
 from slurm_bt.job_spec import JobSpec
-from slurm_bt.node.layout import job_layout
+from slurm_bt.node.job_paths import job_layout
 
 __all__ = ["VERIFIED_NAME", "download_pinned", "host_load_dir"]
 

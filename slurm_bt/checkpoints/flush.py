@@ -3,11 +3,11 @@
 Called in two places:
 
 * by the background uploader when the start commands have ended (as the job user, no hard budget);
-* by the root epilog (``flush_job_checkpoints(env, deadline_s)``), where the upload runs in a child
-  dropped to the job user (:mod:`.privdrop`). If the budget runs out, or the store is unreachable,
+* by the root epilog (``flush_job_checkpoints(env, deadline_s, site=...)``), where the upload runs in a child
+  dropped to the job user (:mod:`slurm_bt.posix.privdrop`). If the budget runs out, or the store is unreachable,
   the child is killed (every upload is resumable) and the checkpoint directory is **handed off**:
   renamed, fd-relative and without following symlinks, from the job's scratch into the root-owned
-  hand-off area on the same filesystem (:func:`~slurm_bt.checkpoints.layout.handoff_root`), where
+  hand-off area on the same filesystem (:func:`~slurm_bt.checkpoints.locations.handoff_root`), where
   scratch cleanup never looks. ``slurm-bt checkpoints resume-handoffs`` (root, or a sweeper)
   finishes it later. The epilog returns quickly and exits 0 either way: a slow store or a user's
   20 GiB checkpoint is not a node fault (threats-and-faults.md R2).
@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.atomic import fsync_dir, write_file_atomic
-from slurm_bt.checkpoints.layout import handoff_root, host_checkpoint_dir, is_shared_fs
-from slurm_bt.checkpoints.safeopen import read_user_file
+from slurm_bt.checkpoints.locations import handoff_root, host_checkpoint_dir, is_shared_fs
 from slurm_bt.checkpoints.scan import CompletionTracker
 from slurm_bt.checkpoints.store import credentials_for, open_store, team_gid
 from slurm_bt.checkpoints.upload import DeadlineExceeded, JobIdentity, RankUploader
 from slurm_bt.errors import BtError, StorageError
 from slurm_bt.job_spec import JobSpec
-from slurm_bt.site_settings import SiteSettings, expand_path, load_site_settings
+from slurm_bt.posix.user_files import read_user_file
+from slurm_bt.site.settings import SiteSettings, expand_path, load_site_settings
 from slurm_bt.trusted_files import check_own_dir
 
 if TYPE_CHECKING:
@@ -93,11 +93,11 @@ def read_state(checkpoint_dir: Path) -> dict[str, Any] | None:
 
 
 def read_spec(path: str | Path) -> JobSpec:
-    """A job's ``job.json``, read as a file the job controls (:mod:`.safeopen`: no FIFO, device,
+    """A job's ``job.json``, read as a file the job controls (:mod:`slurm_bt.posix.user_files`: no FIFO, device,
     user symlink or oversized file is ever read).
 
     Raises:
-        OSError: it cannot be read or is refused (:class:`~slurm_bt.checkpoints.safeopen.UnsafeFile`).
+        OSError: it cannot be read or is refused (:class:`~slurm_bt.posix.user_files.UnsafeFile`).
         ValueError: it is not a valid job spec.
     """
     return JobSpec.model_validate_json(read_user_file(path, SPEC_MAX_BYTES))
@@ -106,7 +106,7 @@ def read_spec(path: str | Path) -> JobSpec:
 def build_uploader(spec: JobSpec, *, job_id: str, rank: int, checkpoint_dir: Path, account: str | None = None,
                    quiet_s: float | None = None) -> RankUploader:
     """A :class:`RankUploader` for this process's user (credentials from the user's secret store)."""
-    from slurm_bt.checkpoints.layout import parse_store_uri
+    from slurm_bt.checkpoints.locations import parse_store_uri
 
     uri = parse_store_uri(spec.storage["checkpoint_store"])
     pw = pwd.getpwuid(os.getuid())

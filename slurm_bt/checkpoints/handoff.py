@@ -10,7 +10,7 @@ follows a symlink planted in ``data/``). Running twice is harmless.
 Bounded, because the job still controls ``data/`` and the files its state names (docs/checkpoints.md
 §Hand-off):
 
-* every file the child reads is opened as :mod:`.safeopen` says (no FIFO, device, user symlink or
+* every file the child reads is opened as :mod:`slurm_bt.posix.user_files` says (no FIFO, device, user symlink or
   oversized file), and the child runs under ``[handoff]`` limits of hooks.toml: address space,
   CPU time and a wall clock in minutes (``child_timeout_s``; its process group is killed);
 * an entry that failed the same way ``max_failures`` times in a row is **quarantined**
@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.checkpoints.flush import build_uploader, handoff_policy, read_spec, read_state
-from slurm_bt.checkpoints.layout import handoff_root
+from slurm_bt.checkpoints.locations import handoff_root
 from slurm_bt.errors import StorageError
-from slurm_bt.site_settings import load_site_settings
+from slurm_bt.site.settings import load_site_settings
 
 if TYPE_CHECKING:
     from slurm_bt.site.hook_settings import HandoffPolicy
@@ -124,7 +124,7 @@ def _resume_one(data_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
     """As the owner: upload every checkpoint in ``data_dir`` (all are complete: the job has ended)."""
     if not data_dir.is_dir():
         # Not moved: the checkpoints were outside scratch (checkpoint_path); find them from the spec.
-        from slurm_bt.checkpoints.layout import host_checkpoint_dir
+        from slurm_bt.checkpoints.locations import host_checkpoint_dir
 
         try:
             spec = read_spec(Path(str(record.get("work_dir")), "job.json"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from slurm_bt.checkpoints.layout import StoreUri
+from slurm_bt.checkpoints.locations import StoreUri
 from slurm_bt.errors import StorageError
 from slurm_bt.storage.base import TransportOptions
 from slurm_bt.storage.credentials import Credentials

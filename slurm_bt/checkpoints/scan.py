@@ -1,7 +1,7 @@
 """When is a checkpoint complete? The one rule, applied to ``BT_CHECKPOINT_DIR`` by every uploader.
 
 A *checkpoint* is a top-level subdirectory of ``BT_CHECKPOINT_DIR`` whose name is a valid
-checkpoint name (:func:`~slurm_bt.checkpoints.layout.valid_checkpoint_name`: no leading dot, not
+checkpoint name (:func:`~slurm_bt.checkpoints.locations.valid_checkpoint_name`: no leading dot, not
 ``tmp-*`` / ``*.tmp`` / ``*.partial``). It is **complete**, and only then uploaded, when:
 
 1. **marker** (preferred): it contains a top-level file named ``.complete`` or ``COMPLETE``.
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_bt.checkpoints.index import encode_relpath
-from slurm_bt.checkpoints.layout import MARKER_NAMES, valid_checkpoint_name
+from slurm_bt.checkpoints.locations import MARKER_NAMES, valid_checkpoint_name
 
 __all__ = ["CheckpointFile", "CompletionTracker", "DirState", "list_files", "scan_dir"]
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from slurm_bt.atomic import atomic_output
-from slurm_bt.checkpoints.layout import StoreUri, parse_store_uri
+from slurm_bt.checkpoints.locations import StoreUri, parse_store_uri
 from slurm_bt.errors import StorageError
 from slurm_bt.storage.checksums import CHUNK_BYTES, sha256_fd
 from slurm_bt.storage.credentials import Credentials

@@ -1,7 +1,7 @@
 """Upload one node rank's completed checkpoints, idempotently and resumably.
 
-:class:`RankUploader` is shared by the background uploader (:mod:`.agent`), the final flush and the
-hand-off resumer, so all three behave the same:
+:class:`RankUploader` is shared by the background uploader (:mod:`slurm_bt.steps.checkpoint_agent`), the final
+flush and the hand-off resumer, so all three behave the same:
 
 * only *complete* checkpoints are uploaded (:mod:`.scan`);
 * a checkpoint enters this rank's index part only after every file was uploaded and verified;
@@ -35,11 +35,11 @@ from slurm_bt.checkpoints.index import (
     merge_parts,
     utc_now,
 )
-from slurm_bt.checkpoints.layout import file_key, index_key, rank_index_key
-from slurm_bt.checkpoints.safeopen import UnsafeFile, open_user_file
+from slurm_bt.checkpoints.locations import file_key, index_key, rank_index_key
 from slurm_bt.checkpoints.scan import CheckpointFile, CompletionTracker, DirState, scan_dir
 from slurm_bt.checkpoints.store import CheckpointStore
 from slurm_bt.errors import StorageError
+from slurm_bt.posix.user_files import UnsafeFile, open_user_file
 
 __all__ = ["DeadlineExceeded", "JobIdentity", "RankUploader", "read_job_index", "read_rank_part"]
 

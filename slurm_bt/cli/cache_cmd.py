@@ -25,7 +25,7 @@ from slurm_bt.cli.errors import handle_errors
 from slurm_bt.cli.weights_cmd import register_weights_commands
 from slurm_bt.errors import Problem, UserError
 from slurm_bt.job_spec import slugify
-from slurm_bt.site_settings import load_site_settings, user_path
+from slurm_bt.site.settings import load_site_settings, user_path
 
 __all__ = ["CacheEntry", "CacheSummary", "cache_group", "summarize_project"]
 

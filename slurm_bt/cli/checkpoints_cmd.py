@@ -27,7 +27,7 @@ def _human(n: float) -> str:
 
 def _job_index(job_id: str):  # type: ignore[no-untyped-def]
     from slurm_bt.checkpoints.resolve import find_job, open_user_store
-    from slurm_bt.site_settings import load_site_settings, user_path
+    from slurm_bt.site.settings import load_site_settings, user_path
 
     site = load_site_settings()
     store = open_user_store(site.storage.model_dump())
@@ -82,7 +82,7 @@ def download_command(job_id: str, name: str | None, target_directory: Path | Non
     import os
 
     from slurm_bt.checkpoints.index import decode_relpath
-    from slurm_bt.checkpoints.layout import file_key, valid_checkpoint_name
+    from slurm_bt.checkpoints.locations import file_key, valid_checkpoint_name
     from slurm_bt.checkpoints.resolve import safe_relpath
 
     with handle_errors("slurm-bt", debug=debug):
@@ -131,7 +131,7 @@ def resume_handoffs_command(root: Path | None, node: str | None, keep: bool, ret
     unless --retry-quarantined; entries beyond the age or per-user size bound are removed.
     """
     from slurm_bt.checkpoints.handoff import resume_handoffs
-    from slurm_bt.site_settings import load_site_settings
+    from slurm_bt.site.settings import load_site_settings
 
     with handle_errors("slurm-bt", debug=debug):
         if root is None and node is None and "%n" in load_site_settings().storage.scratch:

@@ -56,7 +56,7 @@ def cli(ctx: click.Context) -> None:
         from slurm_bt.cli.errors import handle_errors
         from slurm_bt.cli.secrets_cmd import STORE_META_KEY
         from slurm_bt.secrets_store import SecretStore
-        from slurm_bt.site_settings import load_site_settings, user_path
+        from slurm_bt.site.settings import load_site_settings, user_path
 
         with handle_errors("slurm-bt"):
             ctx.meta[STORE_META_KEY] = SecretStore(Path(user_path(load_site_settings().storage.secrets)))

@@ -49,7 +49,7 @@ def make_client() -> SlurmClient:
 
 def workspace() -> Path:
     """The caller's workspace (records, job dirs): the one site setting the job verbs need (no pydantic)."""
-    from slurm_bt.site_file import storage_root, user_path
+    from slurm_bt.site.site_file import storage_root, user_path
 
     return Path(user_path(storage_root("workspace")))
 

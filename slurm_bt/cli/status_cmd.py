@@ -53,7 +53,7 @@ def render_table(rows: Sequence[dict[str, Any]]) -> list[str]:
         out.append("  ".join(v.ljust(w) for v, w in zip(c[:-1], widths, strict=True)) + "  " + c[-1])
         weights = rows[i - 1].get("weights") if i else None
         if isinstance(weights, dict):
-            from slurm_bt.weights.job_status import summary_lines
+            from slurm_bt.weights.delivery_report import summary_lines
 
             out += [f"    {line}" for line in summary_lines(weights)]
     return [line.rstrip() for line in out]
@@ -77,7 +77,7 @@ def _degraded_exit(error: Exception | None) -> None:
 def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s: float, as_json: bool,
                   limit: int | None = None) -> list[dict[str, Any]]:
     from slurm_bt.jobs.lifecycle import query_statuses, wait_for_jobs
-    from slurm_bt.weights.job_status import weights_status
+    from slurm_bt.weights.delivery_report import weights_status
 
     records = load_records(job_ids, project, everything=limit is not None)
     if project is not None or limit is not None:

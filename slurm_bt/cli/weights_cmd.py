@@ -33,13 +33,13 @@ __all__ = ["register_weights_commands"]
 
 
 def _site() -> Any:
-    from slurm_bt.site_settings import load_site_settings
+    from slurm_bt.site.settings import load_site_settings
 
     return load_site_settings()
 
 
 def _tiers(team: str | None) -> list[tuple[str, Any]]:
-    from slurm_bt.site_settings import user_path
+    from slurm_bt.site.settings import user_path
     from slurm_bt.weights.plan import cluster_tiers, team_for_user
 
     site = _site()
@@ -156,7 +156,7 @@ def warm_source(source: str, *, allow: Any = None, ignore: Any = None, secret: s
                 team: str | None = None, shared: bool = False) -> str:
     """``cache warm``: what a staging job does for one source, here and now; returns the log line."""
     from slurm_bt.secrets_store import SecretStore
-    from slurm_bt.site_settings import user_path
+    from slurm_bt.site.settings import user_path
     from slurm_bt.storage.credentials import credentials_from_store
     from slurm_bt.storage.url import parse_source_uri
     from slurm_bt.weights.plan import SourcePin, cluster_tiers, list_selected, pin_key, team_for_user

@@ -50,8 +50,7 @@ from slurm_bt.posix.safefs import (
     remove_tree_at,
     write_file_at,
 )
-from slurm_bt.site.hook_settings import HOOK_SITE_ENV
-from slurm_bt.site_settings import SiteSettings, expand_path
+from slurm_bt.site.settings import SiteSettings, expand_path
 
 __all__ = ["CHECKPOINT_REL", "HANDOFF_DIR", "PROCESS_BUDGET_S", "bounded_call", "checkpoint_flush", "end_processes",
            "epilog_body", "main", "node_cache_lru", "node_cache_release", "remove_scratch"]
@@ -173,7 +172,7 @@ def node_cache_release(environ: Mapping[str, str], deadline_s: float, site: Site
     """Unlink the job's weights views and drop its node-cache leases (:mod:`slurm_bt.weights.node_stage`)."""
     from slurm_bt.weights.node_stage import epilog_release_leases
 
-    epilog_release_leases(environ, deadline_s)
+    epilog_release_leases(environ, deadline_s, site)
     return None
 
 
@@ -181,7 +180,7 @@ def node_cache_lru(environ: Mapping[str, str], deadline_s: float, site: SiteSett
     """Evict lease-free node-cache entries, least recently used first (:mod:`slurm_bt.weights.node_stage`)."""
     from slurm_bt.weights.node_stage import epilog_enforce_lru
 
-    epilog_enforce_lru(environ, deadline_s)
+    epilog_enforce_lru(environ, deadline_s, site)
     return None
 
 
@@ -205,10 +204,8 @@ def bounded_call(ctx: HookContext, what: str, fn: Callable[[Mapping[str, str], f
             return {"value": result}
         return {"status": str(getattr(result, "status", "")), "message": str(getattr(result, "message", ""))[:500]}
 
-    # The site file's path reaches node_stage (which reads it again) until it takes the site itself.
-    extra_env = {HOOK_SITE_ENV: ctx.site_path} if ctx.site_path else None
     try:
-        result = run_in_child(call, timeout_s=budget_s, extra_env=extra_env)
+        result = run_in_child(call, timeout_s=budget_s)
     except ChildError as exc:
         ctx.log.error(f"{what}: {exc.kind}: {exc.exc_type or ''} {exc}".rstrip())
         return True, None

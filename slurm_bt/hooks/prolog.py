@@ -46,7 +46,7 @@ from slurm_bt.posix.job_notes import JobStateDir
 from slurm_bt.posix.privdrop import ChildError, ChildTimeout, PrivilegeDropError, run_as_job_user, run_in_child
 from slurm_bt.posix.safefs import UnsafeEntry, UntrustedPath, ensure_dir_at, open_trusted_dir, set_default_group_acl
 from slurm_bt.posix.teams import Team, TeamError, resolve_team
-from slurm_bt.site_settings import expand_path
+from slurm_bt.site.settings import expand_path
 from slurm_bt.weights.tier_dirs import STAGING_COMMENT_PREFIX, provision_cluster_tiers
 
 __all__ = ["COMMENT_PREFIX", "main", "prolog_body", "read_job_spec_as_user", "stage_weights"]

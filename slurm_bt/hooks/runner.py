@@ -45,7 +45,7 @@ from slurm_bt.posix.hook_env import HookEnvError, SlurmHookEnv
 from slurm_bt.posix.job_notes import STATE_ROOT
 from slurm_bt.posix.safefs import write_file_at
 from slurm_bt.site.hook_settings import HookConfigError, HookSettings, load_hook_settings, load_trusted_site
-from slurm_bt.site_settings import SiteSettings
+from slurm_bt.site.settings import SiteSettings
 
 __all__ = ["run_hook"]
 

@@ -17,7 +17,7 @@ from slurm_bt.posix.hook_env import SlurmHookEnv
 from slurm_bt.posix.job_notes import STATE_ROOT
 from slurm_bt.posix.safefs import ensure_dir_at, open_trusted_dir
 from slurm_bt.site.hook_settings import HookSettings
-from slurm_bt.site_settings import SiteSettings
+from slurm_bt.site.settings import SiteSettings
 
 __all__ = ["HookContext", "HookDeadline", "HookLog", "HookUserError", "NodeFault"]
 

@@ -32,7 +32,7 @@ import time
 
 from slurm_bt.jobhost.context import HookContext, HookUserError
 from slurm_bt.jobhost.stale_sweep import sweep_stale_runtime
-from slurm_bt.node.layout import user_runtime_dir
+from slurm_bt.node.job_paths import user_runtime_dir
 from slurm_bt.posix.safefs import (
     UnsafeEntry,
     UntrustedPath,

@@ -12,7 +12,7 @@ job name, the staging job). Every call asks **one** batched question:
 
 Privacy: sacct and squeue run *as the caller*, so the caller sees exactly what Slurm shows them
 (``PrivateData`` applies); nothing here reads another user's files. The one file read beyond the
-records, the weights delivery status (:func:`slurm_bt.weights.job_status.weights_status`, which the
+records, the weights delivery status (:func:`slurm_bt.weights.delivery_report.weights_status`, which the
 status command adds), comes from the job dir named in the caller's own record, only when that record
 says the job declared weights, and only from a folder the caller owns.
 

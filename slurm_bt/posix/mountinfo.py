@@ -3,7 +3,7 @@
 Two callers need it: the safe tree removal (:func:`slurm_bt.posix.safefs.remove_tree_at`) must not
 descend into a mount point below the tree, including same-device bind mounts that an ``st_dev``
 comparison alone would miss; and the checkpoint uploader asks whether a directory is on a shared
-filesystem (:func:`slurm_bt.checkpoints.layout.is_shared_fs`). Fields are as in proc(5): the mount
+filesystem (:func:`slurm_bt.checkpoints.locations.is_shared_fs`). Fields are as in proc(5): the mount
 point is field 5, the filesystem type is the first field after the ``-`` separator, and both escape
 space, tab, newline and backslash as three-digit octal (``\\040``).
 """

@@ -116,7 +116,7 @@ def submit_remote(
     """
     from slurm_bt.compat.loader import load_training_project
     from slurm_bt.render.sbatch_args import check_sbatch_args
-    from slurm_bt.site_settings import load_site_settings
+    from slurm_bt.site.settings import load_site_settings
     from slurm_bt.snapshot import snapshot_config_dir
 
     source = os.fspath(config)

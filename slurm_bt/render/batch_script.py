@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from slurm_bt.job_spec import JobSpec
-from slurm_bt.node.layout import BindMount, job_layout, runtime_dir
+from slurm_bt.node.job_paths import BindMount, job_layout, runtime_dir
 from slurm_bt.render.quoting import Var, sbatch_directive_value, shq, shq_concat
 
 __all__ = [

@@ -39,16 +39,12 @@ else:  # Python 3.10: the same parser, as a package
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from slurm_bt.site_settings import DEFAULT_SITE_PATH, SiteSettings, load_site_settings
+from slurm_bt.site.settings import DEFAULT_SITE_PATH, SiteSettings, load_site_settings
 
-__all__ = ["DEFAULT_HOOKS_PATH", "HOOK_SITE_ENV", "HandoffPolicy", "HookConfigError", "HookSettings",
+__all__ = ["DEFAULT_HOOKS_PATH", "HandoffPolicy", "HookConfigError", "HookSettings",
            "load_hook_settings", "load_trusted_site"]
 
 DEFAULT_HOOKS_PATH = Path("/etc/slurm-bt/hooks.toml")
-HOOK_SITE_ENV = "SLURM_BT_HOOK_SITE"
-"""Set by the hooks (never by users) in the clean environment of the epilog's node-cache children: the
-wrapper's ``--site`` file, so that they read the same storage roots as the hook. It names a file only;
-:func:`load_trusted_site` still refuses it unless root owns it."""
 
 _GroupName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")]
 _Account = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")]

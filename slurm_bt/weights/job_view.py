@@ -4,7 +4,7 @@ Two jobs on one node may declare the same ``mount_location`` with different weig
 must be per job, never a host-wide mount or symlink at that path.
 
 * **Container jobs.** The batch script already binds ``<node_cache>/jobs/<job_id>/w<i>`` read-only
-  at ``mount_location`` (:mod:`slurm_bt.node.layout`). :func:`link_job_weights` makes that path a
+  at ``mount_location`` (:mod:`slurm_bt.node.job_paths`). :func:`link_job_weights` makes that path a
   symlink to the staged snapshot; ``mount(2)`` resolves a symlinked bind source, and the snapshot's
   files are hard links, so nothing points outside the bound tree. The link lives in a root-owned
   directory, so the user cannot retarget it (P01).

@@ -57,7 +57,7 @@ from slurm_bt.weights.manifest import Manifest
 
 if TYPE_CHECKING:
     from slurm_bt.job_spec import JobSpec, WeightsSpec
-    from slurm_bt.site_settings import SiteSettings
+    from slurm_bt.site.settings import SiteSettings
     from slurm_bt.weights.cluster_cache import ClusterCache
     from slurm_bt.weights.node_cache import NodeAudience, NodeCache
     from slurm_bt.weights.plan import WeightsPlan
@@ -86,22 +86,18 @@ class WeightsJobError(RuntimeFailure):
 
 
 def _trusted_site() -> SiteSettings:
-    """The root hooks' site: the wrapper's ``--site`` file when the hook passed it on, else the default.
+    """The default site file as root hooks read it (root-owned only), for callers that pass no site.
 
-    Only hook points call this (as root); the file must be root-owned either way.
+    The prolog and epilog always pass the site their run loaded (``--site`` or the default), so
+    that every step of one hook run reads the same file.
     """
-    try:
-        from slurm_bt.hooks.config import HOOK_SITE_ENV, load_trusted_site
-    except ImportError:  # hooks package absent: the default site file, read as usual
-        from slurm_bt.site_settings import load_site_settings
+    from slurm_bt.site.hook_settings import load_trusted_site
 
-        return load_site_settings(environ={})
-    path = os.environ.get(HOOK_SITE_ENV)
-    return load_trusted_site(Path(path) if path else None)
+    return load_trusted_site()
 
 
 def _node_cache(site: SiteSettings, environ: Mapping[str, str], audience: NodeAudience | None = None) -> NodeCache:
-    from slurm_bt.site_settings import expand_path
+    from slurm_bt.site.settings import expand_path
     from slurm_bt.weights.node_cache import NodeCache
 
     uid = int(environ.get("SLURM_JOB_UID", os.getuid()))
@@ -246,7 +242,7 @@ def stage_for_job(
         StorageError / OSError: I/O on the node cache; EIO/EROFS/ENOSPC-class errors there are node
             faults, the prolog's classification applies.
     """
-    from slurm_bt.site_settings import expand_path
+    from slurm_bt.site.settings import expand_path
     from slurm_bt.weights.job_view import link_job_weights
 
     site = site or _trusted_site()
@@ -319,11 +315,11 @@ def _line(e: Mapping[str, Any]) -> str:
     return f"slurm-bt weights: {e['source']} {e['tier']} {format_bytes(e['bytes'])} in {e['seconds']:.2f} s"
 
 
-def epilog_release_leases(environ: Mapping[str, str], deadline_s: float) -> None:
-    """Epilog hook point: unlink the job's views and drop its leases on this node (idempotent)."""
+def epilog_release_leases(environ: Mapping[str, str], deadline_s: float, site: SiteSettings | None = None) -> None:
+    """Epilog: unlink the job's views and drop its leases on this node (idempotent)."""
     from slurm_bt.weights.job_view import unlink_job_weights
 
-    node = _node_cache(_trusted_site(), environ)
+    node = _node_cache(site or _trusted_site(), environ)
     job_id = environ["SLURM_JOB_ID"]
     if not node.root.is_dir():
         return
@@ -331,9 +327,9 @@ def epilog_release_leases(environ: Mapping[str, str], deadline_s: float) -> None
     node.release(job_id)
 
 
-def epilog_enforce_lru(environ: Mapping[str, str], deadline_s: float) -> None:
-    """Epilog hook point: evict lease-free entries LRU until blob usage is under the site's cap."""
-    site = _trusted_site()
+def epilog_enforce_lru(environ: Mapping[str, str], deadline_s: float, site: SiteSettings | None = None) -> None:
+    """Epilog: evict lease-free entries LRU until blob usage is under the site's cap."""
+    site = site or _trusted_site()
     node = _node_cache(site, environ)
     if not node.root.is_dir():
         return
@@ -425,8 +421,8 @@ def prepare_job_weights(
     Raises:
         WeightsJobError: nothing usable was staged for this job (the job fails with this reason).
     """
-    from slurm_bt.site_settings import expand_path
-    from slurm_bt.weights.job_status import write_node_status
+    from slurm_bt.site.settings import expand_path
+    from slurm_bt.weights.delivery_report import write_node_status
     from slurm_bt.weights.job_view import bwrap_argv, bwrap_usable
     from slurm_bt.weights.plan import read_plan
 

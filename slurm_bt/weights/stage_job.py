@@ -44,7 +44,7 @@ from slurm_bt.storage.base import Backend
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.weights.cluster_cache import ClusterCache, blob_present, team_tier_problem
-from slurm_bt.weights.job_status import format_bytes, write_staging_status
+from slurm_bt.weights.delivery_report import format_bytes, write_staging_status
 from slurm_bt.weights.locks import LockOptions
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import SourcePin, cluster_tiers, job_manifest_path, lookup_pin, pin_key, select_listing
@@ -378,7 +378,7 @@ def _store_credentials(job_dir: Path) -> Callable[[SourcePin], Credentials | Non
     """Credentials from the user's secret store (the store named in the job's spec)."""
     from slurm_bt.job_spec import JobSpec
     from slurm_bt.secrets_store import SecretStore
-    from slurm_bt.site_settings import user_path
+    from slurm_bt.site.settings import user_path
     from slurm_bt.storage.credentials import credentials_from_store
 
     spec = JobSpec.model_validate_json((job_dir / "job.json").read_bytes())

@@ -43,7 +43,7 @@ from slurm_bt.posix.safefs import (
 )
 from slurm_bt.posix.squat_records import entry_kind, record_squat
 from slurm_bt.posix.teams import TeamError, resolve_team
-from slurm_bt.site_settings import SiteSettings, expand_path
+from slurm_bt.site.settings import SiteSettings, expand_path
 
 __all__ = ["STAGING_COMMENT_PREFIX", "HookContext", "provision_cluster_tiers"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.render.batch_script import render_batch_script, render_node_entry
-from slurm_bt.site_settings import AcceleratorMapping, SiteSettings
+from slurm_bt.site.settings import AcceleratorMapping, SiteSettings
 from tests.spec_helpers import GOLDEN, spec_for
 
 CONFIGS = GOLDEN / "configs"

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.secrets_store import SecretStore
-from slurm_bt.weights.job_status import read_weights_status
+from slurm_bt.weights.delivery_report import read_weights_status
 from tests.servers.hf_hub import FakeHub
 from tests.servers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedS3
 
@@ -103,7 +103,7 @@ def _wait(job_ids: list[str], env: dict[str, str], timeout_s: int = 240) -> dict
 
 
 def _node_root(node: str) -> Path:
-    from slurm_bt.site_settings import SiteSettings, expand_path
+    from slurm_bt.site.settings import SiteSettings, expand_path
 
     return Path(expand_path(SiteSettings().storage.node_cache, user="root", uid=0, home="/root", node=node))
 
@@ -176,7 +176,7 @@ def test_hf_model_and_s3_dataset_read_only_at_mount_locations(dev_cluster: dict[
     assert hf_entry["path"].startswith(f"{_node_root(node)}/snapshots/"), w
     assert s3_entry["path"].startswith(f"{_node_root(node)}/private/"), w
     assert status["weights"] == w, status  # status --json carries the same view
-    # the epilog released the first job's leases and removed its links (hook points really ran)
+    # the epilog released the first job's leases and removed its links (the epilog's node-cache calls really ran)
     root = _node_root(node)
     assert _wait_for(lambda: not (root / "jobs" / job_id).exists()
                      and not list((root / "leases").glob(f"*/{job_id}"))), list((root / "leases").glob("*/*"))

@@ -31,7 +31,7 @@ import pytest
 
 from slurm_bt import trusted_files
 from slurm_bt.checkpoints import store as store_mod
-from slurm_bt.checkpoints.layout import parse_store_uri
+from slurm_bt.checkpoints.locations import parse_store_uri
 from slurm_bt.checkpoints.resolve import find_job, read_trusted_index
 from slurm_bt.checkpoints.scan import CompletionTracker
 from slurm_bt.checkpoints.store import FileStore, UntrustedLocation, check_upload_location
@@ -67,7 +67,7 @@ def _as(user: str, code: str, *args: str, timeout: float = 60) -> subprocess.Com
     """Run ``code`` (with ``store``, ``check_upload_location``, ``read_trusted_index``... imported) as ``user``."""
     prelude = ("import json, os, sys\n"
                "from slurm_bt.checkpoints.store import FileStore, UntrustedLocation, check_upload_location, team_gid\n"
-               "from slurm_bt.checkpoints.layout import parse_store_uri\n"
+               "from slurm_bt.checkpoints.locations import parse_store_uri\n"
                "from slurm_bt.checkpoints.resolve import find_job, read_trusted_index\n"
                "from slurm_bt.checkpoints.upload import read_job_index\n")
     return subprocess.run([RUNUSER, "-u", user, "--", PY, "-c", prelude + code, *args], capture_output=True,

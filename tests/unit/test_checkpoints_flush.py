@@ -15,7 +15,7 @@ from slurm_bt.checkpoints.handoff import resume_handoffs
 from slurm_bt.checkpoints.store import FileStore, UploadResult
 from slurm_bt.checkpoints.upload import read_job_index
 from slurm_bt.job_spec import JobSpec
-from slurm_bt.site_settings import SiteSettings
+from slurm_bt.site.settings import SiteSettings
 from tests.spec_helpers import spec_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the epilog flush runs as root")
@@ -161,6 +161,6 @@ def test_background_sweep_from_the_epilog_finishes_detached(tmp_path: Path, monk
 
 
 def _uri(tmp_path: Path):  # type: ignore[no-untyped-def]
-    from slurm_bt.checkpoints.layout import parse_store_uri
+    from slurm_bt.checkpoints.locations import parse_store_uri
 
     return parse_store_uri(f"file://{tmp_path}/store")

@@ -19,7 +19,7 @@ from slurm_bt.checkpoints.store import open_store
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader
 from slurm_bt.cli.main import cli
 from slurm_bt.errors import ConfigError
-from slurm_bt.site_settings import SiteSettings
+from slurm_bt.site.settings import SiteSettings
 from tests.fakes.fake_slurm import FakeSlurm
 from tests.spec_helpers import spec_for
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from slurm_bt.checkpoints.layout import parse_store_uri, valid_checkpoint_name
+from slurm_bt.checkpoints.locations import parse_store_uri, valid_checkpoint_name
 from slurm_bt.checkpoints.scan import CompletionTracker, scan_dir
 
 
@@ -94,7 +94,7 @@ def test_store_uri_parsing() -> None:
 
 
 def test_shared_filesystem_detection(tmp_path: Path) -> None:
-    from slurm_bt.checkpoints.layout import is_shared_fs
+    from slurm_bt.checkpoints.locations import is_shared_fs
 
     info = tmp_path / "mountinfo"
     info.write_text("22 1 0:5 / / rw - ext4 /dev/vda rw\n"

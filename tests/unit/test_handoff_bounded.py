@@ -1,7 +1,7 @@
 """Issue #8 items 4 and 6: root-started checkpoint helpers are bounded; odd file names never block an upload.
 
 * files a job controls are opened without following a user's symlink, never as a FIFO or device,
-  and size-capped (:mod:`slurm_bt.checkpoints.safeopen`);
+  and size-capped (:mod:`slurm_bt.posix.user_files`);
 * privilege-dropped children run under memory, CPU and wall-clock limits (:mod:`slurm_bt.posix.privdrop`);
 * a hand-off entry that fails the same way K times is quarantined, reported, skipped; age and per-user
   size bounds remove what cannot complete (:mod:`slurm_bt.checkpoints.handoff`);
@@ -28,15 +28,15 @@ import pytest
 from slurm_bt.checkpoints.flush import STATE_NAME, flush_job_checkpoints, read_state
 from slurm_bt.checkpoints.handoff import STATUS_NAME, quarantined_handoffs, resume_handoffs
 from slurm_bt.checkpoints.index import decode_relpath, encode_relpath
-from slurm_bt.checkpoints.safeopen import UnsafeFile, open_user_file, read_user_file
 from slurm_bt.checkpoints.scan import list_files
 from slurm_bt.checkpoints.store import FileStore, UploadResult
 from slurm_bt.checkpoints.upload import read_job_index
 from slurm_bt.hooks import epilog
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.posix.privdrop import ChildError, ChildLimits, ChildTimeout, run_in_child
+from slurm_bt.posix.user_files import UnsafeFile, open_user_file, read_user_file
 from slurm_bt.site.hook_settings import HandoffPolicy
-from slurm_bt.site_settings import SiteSettings
+from slurm_bt.site.settings import SiteSettings
 from tests.spec_helpers import spec_for
 from tests.unit import test_hooks_prolog as hp
 from tests.unit.test_hooks_prolog import site  # noqa: F401  (the prolog/epilog sandbox fixture)
@@ -54,7 +54,7 @@ project = definitions.TrainingProject(name="Bounded Demo", job=definitions.Train
 
 
 def _uri(base: Path):  # type: ignore[no-untyped-def]
-    from slurm_bt.checkpoints.layout import parse_store_uri
+    from slurm_bt.checkpoints.locations import parse_store_uri
 
     return parse_store_uri(f"file://{base}/store")
 

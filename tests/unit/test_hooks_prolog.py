@@ -31,7 +31,7 @@ from slurm_bt.job_spec import SubmitContext, build_job_spec
 from slurm_bt.posix.hook_env import SlurmHookEnv
 from slurm_bt.posix.job_notes import read_hook_state
 from slurm_bt.posix.privdrop import ChildError, run_as_job_user
-from slurm_bt.site_settings import load_site_settings
+from slurm_bt.site.settings import load_site_settings
 from tests.unit.test_hooks_env import ensure_test_users, hook_environ
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="hooks run as root")
@@ -90,7 +90,7 @@ def flush_handed_off(environ: Mapping[str, str], deadline_s: float, site: object
 
 @pytest.fixture(autouse=True)
 def fake_flush(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Never upload from unit tests: the flush hook point reports "not confirmed" unless a test says so."""
+    """Never upload from unit tests: the checkpoint flush reports "not confirmed" unless a test says so."""
     monkeypatch.setattr(epilog, "checkpoint_flush", flush_incomplete)
 
 

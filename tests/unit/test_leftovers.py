@@ -508,7 +508,7 @@ def _host_job_with_checkpoint_path(site: Site, user: str, checkpoint_path: str, 
 
     from slurm_bt.compat import definitions as d
     from slurm_bt.job_spec import SubmitContext, build_job_spec
-    from slurm_bt.site_settings import load_site_settings
+    from slurm_bt.site.settings import load_site_settings
 
     work = hooks_tests.write_job(site, user, cache=False, job_dir_name=name)
     pw = pwd.getpwnam(user)

@@ -9,8 +9,8 @@ import pytest
 
 from slurm_bt.errors import SiteConfigError
 from slurm_bt.records import SubmissionRecord, list_records, read_record, write_record
-from slurm_bt.site_file import STORAGE_DEFAULTS, storage_root
-from slurm_bt.site_settings import StorageRoots, load_site_settings
+from slurm_bt.site.settings import StorageRoots, load_site_settings
+from slurm_bt.site.site_file import STORAGE_DEFAULTS, storage_root
 
 
 def _rec(job_id: str, project: str = "p", at: str = "2026-01-01T00:00:00", **kw: object) -> SubmissionRecord:

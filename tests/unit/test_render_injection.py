@@ -35,14 +35,14 @@ import pytest
 from slurm_bt.compat.loader import load_training_project
 from slurm_bt.errors import ConfigError, UserError
 from slurm_bt.job_spec import JobSpec, SubmitContext, build_job_spec
-from slurm_bt.node.layout import job_layout, runtime_dir
+from slurm_bt.node.job_paths import job_layout, runtime_dir
 from slurm_bt.render.batch_script import (
     ENTRY_NAME,
     container_image_ref,
     render_batch_script,
     render_node_entry,
 )
-from slurm_bt.site_settings import SiteSettings
+from slurm_bt.site.settings import SiteSettings
 from slurm_bt.steps.prepare import encode_env, node_environment
 
 JOB_ID = "4242"

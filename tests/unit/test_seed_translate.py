@@ -11,7 +11,7 @@ import pytest
 from slurm_bt.compat.truss_config import Accelerator
 from slurm_bt.errors import ConfigError
 from slurm_bt.render.batch_script import render_batch_script, render_node_entry
-from slurm_bt.site_settings import AcceleratorMapping, SiteSettings
+from slurm_bt.site.settings import AcceleratorMapping, SiteSettings
 from tests.spec_helpers import spec_for
 
 SEEDS = Path(__file__).resolve().parent.parent / "seed_configs"

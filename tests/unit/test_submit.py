@@ -10,7 +10,7 @@ import pytest
 
 from slurm_bt.errors import SecretError, SlurmCommandError, UserError
 from slurm_bt.secrets_store import SecretStore
-from slurm_bt.site_settings import load_site_settings
+from slurm_bt.site.settings import load_site_settings
 from slurm_bt.submit import submit_config
 from tests.fakes.fake_slurm import FakeSlurm
 

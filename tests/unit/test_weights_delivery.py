@@ -22,9 +22,9 @@ import pytest
 from slurm_bt.errors import SourceError, SourceSpecError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.secrets_store import SecretStore
-from slurm_bt.site_settings import load_site_settings
+from slurm_bt.site.settings import load_site_settings
 from slurm_bt.submit import submit_config
-from slurm_bt.weights.job_status import read_weights_status
+from slurm_bt.weights.delivery_report import read_weights_status
 from slurm_bt.weights.node_stage import (
     WeightsJobError,
     load_job_manifests,
@@ -243,7 +243,7 @@ def test_prolog_stage_for_job_then_node_hit_and_step1_uses_it(world: dict[str, o
     # a manifest for another team's entry (not in this team's tier) is refused: job failure, no lease
     with pytest.raises(WeightsJobError, match="not complete in the cluster cache"):
         stage_for_job({**env, "SLURM_JOB_ID": "5003"}, spec, raw, team="otherteam", site=site)  # type: ignore[arg-type]
-    from slurm_bt.weights.node_stage import epilog_release_leases  # noqa: F401 - hook point exists
+    from slurm_bt.weights.node_stage import epilog_release_leases  # noqa: F401 - the epilog imports it
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs chown to fake a teammate's file")
@@ -369,7 +369,7 @@ def test_cache_cli_warm_ls_inspect_evict(world: dict[str, object], repo: tuple[s
 def test_status_weights_view_reads_only_own_job_dirs_of_jobs_with_weights(tmp_path: Path) -> None:
     from slurm_bt.cli.status_cmd import render_table
     from slurm_bt.records import SubmissionRecord
-    from slurm_bt.weights.job_status import summary_lines, weights_status, write_node_status, write_staging_status
+    from slurm_bt.weights.delivery_report import summary_lines, weights_status, write_node_status, write_staging_status
 
     job_dir = tmp_path / "job"
     job_dir.mkdir()
@@ -405,7 +405,7 @@ def test_team_for_user_follows_the_default_account_when_the_site_maps_accounts(
     import grp
     import types
 
-    from slurm_bt.hooks import config as hook_config  # until weights/plan.py imports site.hook_settings
+    from slurm_bt.site import hook_settings as hook_config
     from slurm_bt.weights.plan import team_for_user, team_slug
 
     primary = team_slug(grp.getgrgid(os.getgid()).gr_name)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_bt.checkpoints.layout import parse_store_uri
+from slurm_bt.checkpoints.locations import parse_store_uri
 from slurm_bt.checkpoints.scan import CompletionTracker
 from slurm_bt.checkpoints.store import FileStore
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader

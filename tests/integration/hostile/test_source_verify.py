@@ -98,7 +98,7 @@ def site_env(tenants: dict[str, Any], fake_hub: FakeHub, proxy: CorruptingProxy)
 
 
 def _team_tiers() -> Path:
-    from slurm_bt.site_settings import SiteSettings
+    from slurm_bt.site.settings import SiteSettings
 
     return Path(SiteSettings().storage.cluster_cache) / "teams"
 

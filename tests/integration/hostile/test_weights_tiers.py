@@ -98,13 +98,13 @@ def site_env(tenants: dict[str, Any], fake_hub: FakeHub) -> Iterator[None]:
 
 
 def _base() -> Path:
-    from slurm_bt.site_settings import SiteSettings
+    from slurm_bt.site.settings import SiteSettings
 
     return Path(SiteSettings().storage.cluster_cache)
 
 
 def _node_root(node: str) -> Path:
-    from slurm_bt.site_settings import SiteSettings, expand_path
+    from slurm_bt.site.settings import SiteSettings, expand_path
 
     return Path(expand_path(SiteSettings().storage.node_cache, user="root", uid=0, home="/root", node=node))
 

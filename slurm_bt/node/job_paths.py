@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurm_bt.job_spec import JobSpec, slugify
-from slurm_bt.site_settings import expand_path
+from slurm_bt.site.settings import expand_path
 
 __all__ = ["RUNTIME_PREFIX", "BindMount", "JobLayout", "job_layout", "runtime_dir", "user_runtime_dir"]
 

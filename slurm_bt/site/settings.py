@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurm_bt.errors import Problem, SiteConfigError
-from slurm_bt.site_file import (
+from slurm_bt.site.site_file import (
     DEFAULT_SITE_PATH,
     SITE_ENV_VAR,
     STORAGE_DEFAULTS,

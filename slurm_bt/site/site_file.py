@@ -2,7 +2,7 @@
 
 Why a separate module: read-only verbs such as ``slurm-bt status`` only need one storage root (the
 caller's workspace, where the submission records are). Importing the full validated model
-(:mod:`slurm_bt.site_settings`, pydantic) costs more than the ``sacct`` call those verbs wrap, so
+(:mod:`slurm_bt.site.settings`, pydantic) costs more than the ``sacct`` call those verbs wrap, so
 they read the one key here, validated by the same rule the model applies. Commands that create
 jobs or act on the cluster (submit, the hooks, the cache and checkpoint commands) always load and
 validate the whole file.

@@ -27,9 +27,9 @@ from urllib.parse import parse_qsl, urlsplit
 
 from slurm_bt.errors import StorageError
 from slurm_bt.job_spec import JobSpec
-from slurm_bt.node.layout import job_layout
+from slurm_bt.node.job_paths import job_layout
 from slurm_bt.posix.mountinfo import MOUNTINFO, filesystem_type
-from slurm_bt.site_settings import expand_path
+from slurm_bt.site.settings import expand_path
 
 __all__ = [
     "CHECKPOINT_NAME",
