@@ -186,7 +186,7 @@ def node_cache_lru(environ: Mapping[str, str], deadline_s: float, site: SiteSett
 
 def bounded_call(ctx: HookContext, what: str, fn: Callable[[Mapping[str, str], float, SiteSettings], object],
                  budget_s: float) -> tuple[bool, Any]:
-    """Call ``fn(environ, deadline_s, site)`` in a bounded child (see above).
+    """Call ``fn(environ, deadline_s, site)`` in a bounded child (see above); ``what`` names it in the log.
 
     Returns:
         ``(called, result)``: ``called`` is False when it got no time; ``result`` is
@@ -223,7 +223,8 @@ def flush_checkpoints(ctx: HookContext, budget_s: float) -> str:
     ``"handed-off"`` means the rest was moved to the hand-off area (to be finished by a sweep);
     anything else (``"nothing"``, ``"error"``, ``"skipped"``...) is "not confirmed".
     """
-    called, result = bounded_call(ctx, "checkpoint flush", checkpoint_flush, budget_s)
+    called, result = bounded_call(ctx, "checkpoint flush (slurm_bt.checkpoints.flush.flush_job_checkpoints)",
+                                  checkpoint_flush, budget_s)
     if isinstance(result, dict):
         # "nothing" is not a confirmation: a flush that could not find the job's rank reports it
         # too. Without "done", whatever is still in the checkpoint directory is kept.
@@ -246,9 +247,10 @@ def epilog_body(ctx: HookContext) -> None:
     ctx.phase = "checkpoint-flush"
     flushed = flush_checkpoints(ctx, ctx.budget(ctx.settings.flush_budget_s, reserve_s=20.0))
     ctx.phase = "node-cache"
-    bounded_call(ctx, "node-cache lease release", node_cache_release,
+    bounded_call(ctx, "node-cache lease release (slurm_bt.weights.node_stage.epilog_release_leases)",
+                 node_cache_release,
                  ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0))
-    bounded_call(ctx, "node-cache LRU", node_cache_lru,
+    bounded_call(ctx, "node-cache LRU (slurm_bt.weights.node_stage.epilog_enforce_lru)", node_cache_lru,
                  ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0))
     ctx.phase = "scratch"
     remove_scratch(ctx, keep_checkpoints=flushed != "done")
