@@ -433,7 +433,7 @@ def render_staging_script(spec: JobSpec, site: SiteSettings) -> str:
              "set -euo pipefail",
              "umask 0007  # team tiers are shared with the team group",
              "export PATH=/usr/local/bin:/usr/bin:/bin",
-             f"exec {shq(ctx.python)} -I -m slurm_bt.weights.stage_job {shq(ctx.job_dir)}",
+             f"exec {shq(ctx.python)} -I -m slurm_bt.steps.stage_weights {shq(ctx.job_dir)}",
              ""]
     return "\n".join(lines)
 

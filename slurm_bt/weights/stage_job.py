@@ -1,6 +1,7 @@
 """The staging job (a CPU job on the staging partition, as the user): mirror remote → cluster cache.
 
-``python -I -m slurm_bt.weights.stage_job <job_dir>``, submitted by ``bt-sbatch`` before the
+``python -I -m slurm_bt.steps.stage_weights <job_dir>`` (:mod:`slurm_bt.steps.stage_weights`), submitted by
+``bt-sbatch`` before the
 training job, which depends on it (``afterok``, ``--kill-on-invalid-dep=yes``). So every remote
 byte is fetched while no GPU is held, and a source error fails *this* job with a clear reason
 (the training job is then cancelled by Slurm and shows DEPLOY_FAILED), never a GPU node's prolog.
@@ -32,7 +33,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ from slurm_bt.weights.locks import LockOptions
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import SourcePin, cluster_tiers, job_manifest_path, lookup_pin, pin_key, select_listing
 
-__all__ = ["StageOutcome", "ensure_team_root", "format_bytes", "main", "stage_plan", "stage_source", "team_gid"]
+__all__ = ["StageOutcome", "ensure_team_root", "format_bytes", "stage_plan", "stage_source", "team_gid"]
 
 _DEF_LOCK_TIMEOUT_S = 6 * 3600.0
 
@@ -334,7 +335,8 @@ def stage_plan(
     """Stage every source of the plan in ``job_dir`` and write its final manifests.
 
     Raises:
-        BtError: the first source that failed, with ``job.weights[i].source`` prepended by :func:`main`.
+        BtError: the first source that failed, with ``job.weights[i].source`` prepended by
+            :func:`slurm_bt.steps.stage_weights.main`.
     """
     from slurm_bt.weights.plan import read_plan
 
@@ -388,36 +390,3 @@ def _store_credentials(job_dir: Path) -> Callable[[SourcePin], Credentials | Non
         return credentials_from_store(store, pin.auth_secret_name, pin.kind, source=pin.declared)
 
     return get
-
-
-@contextlib.contextmanager
-def _quiet_logging() -> Iterator[None]:
-    import logging
-
-    logging.basicConfig(level=logging.WARNING, format="slurm-bt staging: %(message)s", stream=sys.stdout)
-    yield
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: exit 0 when every source is in the cluster cache, 1 with one reason line otherwise."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m slurm_bt.weights.stage_job JOB_DIR", file=sys.stderr)
-        return 2
-    job_dir = Path(args[0])
-    with _quiet_logging():
-        try:
-            stage_plan(job_dir)
-        except BtError as exc:
-            where = f"job.weights[{getattr(exc, 'weights_index', '?')}].source: "
-            for line in exc.lines():
-                print(f"slurm-bt staging failed: {where}{line}", file=sys.stderr, flush=True)
-            return 1
-        except (OSError, ValueError) as exc:
-            print(f"slurm-bt staging failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

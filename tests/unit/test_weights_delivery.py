@@ -102,7 +102,7 @@ def test_submit_pins_stages_then_skips_staging_when_cached(world: dict[str, obje
     r1 = _submit(world, _project(world["tmp"], [f"hf://{name.lower()}@main"]), slurm)  # type: ignore[arg-type]
     staging, training = slurm.calls_to("sbatch")
     assert {"--partition=staging", "--export=NONE", "--hold"} <= set(staging.argv)
-    assert "stage_job" in (staging.stdin or "") and "#SBATCH --comment=slurm-bt-staging:" in (staging.stdin or "")
+    assert "slurm_bt.steps.stage_weights" in (staging.stdin or "") and "#SBATCH --comment=slurm-bt-staging:" in (staging.stdin or "")
     sid = r1.staging_job_id  # type: ignore[attr-defined]
     assert f"--dependency=afterok:{sid}" in training.argv and "--kill-on-invalid-dep=yes" in training.argv
     assert slurm.released == [int(sid)]
@@ -175,7 +175,7 @@ def test_repo_deleted_after_submit_fails_staging_with_a_reason(world: dict[str, 
     fake_hub.delete_repo(name)
     job_dir = Path(r.spec.context.job_dir)  # type: ignore[attr-defined]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.run([sys.executable, "-m", "slurm_bt.weights.stage_job", str(job_dir)],
+    proc = subprocess.run([sys.executable, "-m", "slurm_bt.steps.stage_weights", str(job_dir)],
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 1
     assert "slurm-bt staging failed: job.weights[0].source:" in proc.stderr and "404" in proc.stderr
@@ -276,7 +276,7 @@ def test_sixteen_concurrent_staging_jobs_fetch_once(world: dict[str, object], fa
                      .spec.context.job_dir) for _ in range(16)]
     fake_hub.requests.clear()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    procs = [subprocess.Popen([sys.executable, "-m", "slurm_bt.weights.stage_job", str(d)], env=env,
+    procs = [subprocess.Popen([sys.executable, "-m", "slurm_bt.steps.stage_weights", str(d)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for d in job_dirs]
     results = [(*p.communicate(timeout=120), p.returncode) for p in procs]
     assert all(rc == 0 for _, _, rc in results), results
