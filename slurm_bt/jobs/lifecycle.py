@@ -168,6 +168,7 @@ def _lifecycle_of(row: SacctRow, staging: SacctRow | None) -> Lifecycle:
         restarts=row.restarts,
         cancelled_by=row.cancelled_by,
         staging_state=staging.state if staging is not None else None,
+        started=row.start is not None,
     )
 
 

@@ -262,6 +262,7 @@ def lifecycle(
     staging_state: str | None = None,
     restarts: int = 0,
     cancelled_by: int | None = None,
+    started: bool | None = None,
 ) -> Lifecycle:
     """Map one Slurm job's status onto the truss lifecycle (table in the module docstring).
 
@@ -275,6 +276,10 @@ def lifecycle(
         staging_state: the state of the separate staging job this job depends on, if any.
         restarts: how many times the job was requeued (from ``sacct -D`` or scontrol ``Restarts``).
         cancelled_by: uid that cancelled the job, when the state text said ``CANCELLED by N``.
+        started: whether the job ever started (sacct ``Start`` is a time, not ``None``); ``None`` when
+            unknown. A CANCELLED job that never started never ran: 22.05 says why in its reason
+            (``DependencyNeverSatisfied``), 24.11 and 26.05 keep no reason for it (``Reason=None``,
+            ``Start=None``; docs/slurm-releases.md).
     """
     raw = (slurm_state or "").strip()
     name = base_state(raw)
@@ -314,7 +319,8 @@ def lifecycle(
         return result(TrainingJobStatus.QUEUED)
 
     never_ran = state in PENDING_STATES or (
-        state is SlurmState.CANCELLED and any(m in why_l for m in _DEPENDENCY_MARKERS)
+        state is SlurmState.CANCELLED
+        and (any(m in why_l for m in _DEPENDENCY_MARKERS) or started is False)
     )
     staging_failed = (
         staging is not None and staging in TERMINAL_STATES and staging is not SlurmState.COMPLETED

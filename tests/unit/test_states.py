@@ -80,6 +80,18 @@ TABLE: list[tuple[str | None, dict[str, object], TrainingJobStatus, str]] = [
         S.DEPLOY_FAILED,
         "CANCELLED by 0 (Dependency); staging job TIMEOUT",
     ),
+    (  # 24.11 and 26.05: the job cancelled for its failed staging job keeps no reason, only Start=None
+        "CANCELLED",
+        {"reason": "None", "staging_state": "FAILED", "started": False},
+        S.DEPLOY_FAILED,
+        "CANCELLED; staging job FAILED",
+    ),
+    (  # a job that ran and was then cancelled by its user stays STOPPED, whatever its staging job did
+        "CANCELLED by 1001",
+        {"reason": "None", "staging_state": "FAILED", "started": True},
+        S.STOPPED,
+        "CANCELLED by 1001; staging job FAILED",
+    ),
     (
         "PENDING",
         {"reason": "launch failed requeued held"},
