@@ -426,6 +426,8 @@ def _too_big(total: int, limit: int) -> str:
 
 
 def _human(n_bytes: int) -> str:
+    # Not slurm_bt.units.format_bytes on purpose: this is the upstream truss push message's own
+    # wording ("5GB", "5.50GB"), which users and scripts already match on.
     if n_bytes >= _GIB and n_bytes % _GIB == 0:
         return f"{n_bytes // _GIB}GB"
     if n_bytes >= _GIB // 100:

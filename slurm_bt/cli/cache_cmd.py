@@ -26,6 +26,7 @@ from slurm_bt.cli.weights_cmd import register_weights_commands
 from slurm_bt.errors import Problem, UserError
 from slurm_bt.job_spec import slugify
 from slurm_bt.site.settings import load_site_settings, user_path
+from slurm_bt.units import format_bytes
 
 __all__ = ["CacheEntry", "CacheSummary", "cache_group", "summarize_project"]
 
@@ -135,14 +136,6 @@ def summarize_project(cache_root: Path, project: str, team: str | None = None) -
     return out
 
 
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover
-
 
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
@@ -172,10 +165,11 @@ def _render(summaries: list[CacheSummary], key: str, order: str, fmt: str) -> st
     lines = []
     for s in summaries:
         lines.append(f"Cache summary for project {s.project} (team {s.team}): {s.path}")
-        lines.append(f"  total size {_human(s.total_size_bytes)}, {s.file_count} files, last used {_iso(s.last_used)}"
+        lines.append(f"  total size {format_bytes(s.total_size_bytes)}, {s.file_count} files, "
+                     f"last used {_iso(s.last_used)}"
                      + (f", {s.unreadable} unreadable entries" if s.unreadable else ""))
         rows = [("File path", "Size", "Modified", "Type", "Permissions")]
-        rows += [(e.filepath, _human(e.size_bytes), _iso(e.modified), e.type, e.permissions)
+        rows += [(e.filepath, format_bytes(e.size_bytes), _iso(e.modified), e.type, e.permissions)
                  for e in _sorted(s.entries, key, order)]
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         for i, r in enumerate(rows):

@@ -13,16 +13,10 @@ import click
 
 from slurm_bt.cli.errors import handle_errors
 from slurm_bt.errors import Problem, UserError
+from slurm_bt.units import format_bytes
 
 __all__ = ["checkpoints_group"]
 
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def _job_index(job_id: str):  # type: ignore[no-untyped-def]
@@ -63,7 +57,7 @@ def list_command(job_id: str, fmt: str, debug: bool) -> None:
         rows = [("NAME", "CREATED", "RANKS", "FILES", "SIZE", "COMPLETE")]
         for c in index.checkpoints:
             rows.append((c.name, c.created, ",".join(str(r) for r in sorted(c.ranks)), str(c.file_count),
-                         _human(c.size), "yes" if c.complete else f"no ({len(c.ranks)}/{index.group_size})"))
+                         format_bytes(c.size), "yes" if c.complete else f"no ({len(c.ranks)}/{index.group_size})"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         click.echo(f"project {index.project_name} ({index.project_id}), job {index.job_id}, "
                    f"{index.group_size} node(s), store {store.uri.display()}")
@@ -110,7 +104,7 @@ def download_command(job_id: str, name: str | None, target_directory: Path | Non
                     size += f.size
         finally:
             store.close()
-        click.echo(f"downloaded {view.name} of job {job_id}: {count} files, {_human(size)}, sha256 verified, "
+        click.echo(f"downloaded {view.name} of job {job_id}: {count} files, {format_bytes(size)}, sha256 verified, "
                    f"to {target}")
 
 

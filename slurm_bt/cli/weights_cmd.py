@@ -74,7 +74,7 @@ def _collect(team: str | None, node: str | None) -> list[dict[str, Any]]:
 
 def register_weights_commands(group: click.Group) -> None:
     """Add ``ls``, ``inspect``, ``warm`` and ``evict`` to the ``cache`` group."""
-    from slurm_bt.weights.stage_job import format_bytes
+    from slurm_bt.units import format_bytes
 
     @group.command(name="ls")
     @click.option("--team", default=None, help="Team tier to list (default: yours).")

@@ -21,8 +21,9 @@ from typing import Any
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.job_ids import JobId, parse_job_id
 from slurm_bt.slurm.sacct import SacctRow, StepUsage
+from slurm_bt.units import format_bytes
 
-__all__ = ["Metrics", "bar", "collect_metrics", "format_bytes", "render_metrics", "sparkline"]
+__all__ = ["Metrics", "bar", "collect_metrics", "render_metrics", "sparkline"]
 
 _SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -47,17 +48,6 @@ def bar(fraction: float, width: int = 20) -> str:
     full = round(frac * width)
     return "█" * full + "░" * (width - full)
 
-
-def format_bytes(n: float | None) -> str:
-    """Binary units, one decimal: ``1.5 GiB``; ``"-"`` for ``None``."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover - loop always returns
 
 
 @dataclass

@@ -22,26 +22,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurm_bt.atomic import write_file_atomic
+from slurm_bt.units import format_bytes
 
 if TYPE_CHECKING:
     from slurm_bt.records import SubmissionRecord
 
-__all__ = ["format_bytes", "read_weights_status", "summary_lines", "weights_status", "write_node_status",
+__all__ = ["read_weights_status", "summary_lines", "weights_status", "write_node_status",
            "write_staging_status"]
 
-
-def format_bytes(n: float) -> str:
-    """``1.2 GB``-style sizes for log lines (decimal units, like the Baseten UI)."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def write_node_status(job_dir: str | Path, node: str, entries: list[dict[str, Any]]) -> Path:
     """Write this node's view of the job's weights (as the job user, into the job dir)."""
+    from slurm_bt.atomic import write_file_atomic  # here, not at the top: status reads must not load ctypes
+
     folder = Path(job_dir) / "weights"
     folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / f"status-{node}.json"
@@ -51,6 +45,8 @@ def write_node_status(job_dir: str | Path, node: str, entries: list[dict[str, An
 
 def write_staging_status(job_dir: str | Path, index: int, entry: dict[str, Any]) -> Path:
     """Write the staging job's outcome for ``job.weights[index]``."""
+    from slurm_bt.atomic import write_file_atomic
+
     folder = Path(job_dir) / "weights"
     folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / f"staging-{index}.json"
@@ -96,8 +92,8 @@ def summary_lines(status: Mapping[str, Any]) -> list[str]:
     """One short line per declared source for ``slurm-bt status``'s table, from :func:`read_weights_status`.
 
     Once the job started somewhere, the node view: ``weights: hf://org/m@0123456789ab node-hit (n1)
-    12.3 MB 0.01s``; several nodes are grouped by tier (``node-hit (n1,n2), cluster-hit (n3)``, with the
-    slowest node's seconds). Before that, the staging job's outcome (``... staging miss 12.3 MB 4.10s``). The
+    11.7 MiB 0.01s``; several nodes are grouped by tier (``node-hit (n1,n2), cluster-hit (n3)``, with the
+    slowest node's seconds). Before that, the staging job's outcome (``... staging miss 11.7 MiB 4.10s``). The
     files are the user's own, so every field is type-checked and a malformed one is shown as ``?``.
     """
     by_index: dict[int, list[tuple[str, Mapping[str, Any]]]] = {}

@@ -310,7 +310,7 @@ def stage_for_job(
 
 
 def _line(e: Mapping[str, Any]) -> str:
-    from slurm_bt.weights.stage_job import format_bytes
+    from slurm_bt.units import format_bytes
 
     return f"slurm-bt weights: {e['source']} {e['tier']} {format_bytes(e['bytes'])} in {e['seconds']:.2f} s"
 

@@ -44,13 +44,14 @@ from slurm_bt.errors import BtError, SourceError, StorageError
 from slurm_bt.storage.base import Backend
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
+from slurm_bt.units import format_bytes
 from slurm_bt.weights.cluster_cache import ClusterCache, blob_present, team_tier_problem
-from slurm_bt.weights.delivery_report import format_bytes, write_staging_status
+from slurm_bt.weights.delivery_report import write_staging_status
 from slurm_bt.weights.locks import LockOptions
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import SourcePin, cluster_tiers, job_manifest_path, lookup_pin, pin_key, select_listing
 
-__all__ = ["StageOutcome", "ensure_team_root", "format_bytes", "stage_plan", "stage_source", "team_gid"]
+__all__ = ["StageOutcome", "ensure_team_root", "stage_plan", "stage_source", "team_gid"]
 
 _DEF_LOCK_TIMEOUT_S = 6 * 3600.0
 
@@ -78,7 +79,7 @@ class StageOutcome:
     manifest: Manifest
 
     def line(self) -> str:
-        """The job-log line, e.g. ``slurm-bt weights: hf://a/b@1234567 miss 1.2 GB in 4.1 s (290 MB/s)``."""
+        """The job-log line, e.g. ``slurm-bt weights: hf://a/b@1234567 miss 1.2 GiB in 4.1 s (290.0 MiB/s)``."""
         rate = f" ({format_bytes(self.fetched_bytes / self.seconds)}/s)" if self.fetched_bytes and self.seconds else ""
         return (f"slurm-bt weights: {self.source} {self.tier} {format_bytes(self.total_bytes)} in "
                 f"{self.seconds:.2f} s{rate}")

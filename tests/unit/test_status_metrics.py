@@ -12,12 +12,13 @@ from hypothesis import strategies as st
 
 from slurm_bt.cli import options
 from slurm_bt.cli.main import cli
-from slurm_bt.jobs.metrics import Metrics, bar, collect_metrics, format_bytes, render_metrics, sparkline
+from slurm_bt.jobs.metrics import Metrics, bar, collect_metrics, render_metrics, sparkline
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.runner import CommandResult
 from slurm_bt.slurm.sacct import SACCT_USAGE_FIELDS, build_sacct_usage_argv, parse_sacct, parse_usage
 from slurm_bt.slurm.sstat import SSTAT_FIELDS, build_sstat_argv
 from slurm_bt.slurm.values import parse_tres_usage
+from slurm_bt.units import format_bytes
 from tests.fakes.fake_slurm import FakeSlurm, RecordedCall
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sacct"

@@ -102,7 +102,8 @@ def test_submit_pins_stages_then_skips_staging_when_cached(world: dict[str, obje
     r1 = _submit(world, _project(world["tmp"], [f"hf://{name.lower()}@main"]), slurm)  # type: ignore[arg-type]
     staging, training = slurm.calls_to("sbatch")
     assert {"--partition=staging", "--export=NONE", "--hold"} <= set(staging.argv)
-    assert "slurm_bt.steps.stage_weights" in (staging.stdin or "") and "#SBATCH --comment=slurm-bt-staging:" in (staging.stdin or "")
+    assert "slurm_bt.steps.stage_weights" in (staging.stdin or "")
+    assert "#SBATCH --comment=slurm-bt-staging:" in (staging.stdin or "")
     sid = r1.staging_job_id  # type: ignore[attr-defined]
     assert f"--dependency=afterok:{sid}" in training.argv and "--kill-on-invalid-dep=yes" in training.argv
     assert slurm.released == [int(sid)]
@@ -380,17 +381,17 @@ def test_status_weights_view_reads_only_own_job_dirs_of_jobs_with_weights(tmp_pa
     assert weights_status(rec) is None  # no weights declared: the job dir is not even looked at
     rec = dataclasses.replace(rec, weights_sources=1)
     w = weights_status(rec)
-    assert w is not None and summary_lines(w) == [f"weights: hf://org/m@{'c' * 40} staging miss 12.3 MB 4.10s"]
+    assert w is not None and summary_lines(w) == [f"weights: hf://org/m@{'c' * 40} staging miss 11.7 MiB 4.10s"]
     entry = {"index": 0, "source": "hf://org/m@cccccccccccc", "tier": "node-hit", "bytes": 12_300_000,
              "seconds": 0.01, "path": "/x", "mount_location": "/app/m", "view": "bwrap"}
     write_node_status(job_dir, "n1", [entry])
     write_node_status(job_dir, "n2", [dict(entry, tier="cluster-hit", seconds=2.5)])
     w = weights_status(rec)
     assert w is not None and set(w["nodes"]) == {"n1", "n2"}
-    assert summary_lines(w) == ["weights: hf://org/m@cccccccccccc node-hit (n1), cluster-hit (n2) 12.3 MB 2.50s"]
+    assert summary_lines(w) == ["weights: hf://org/m@cccccccccccc node-hit (n1), cluster-hit (n2) 11.7 MiB 2.50s"]
     table = render_table([{"id": "7", "current_status": "TRAINING_JOB_RUNNING", "weights": w},
                           {"id": "8", "weights": None}])
-    assert table[2] == "    weights: hf://org/m@cccccccccccc node-hit (n1), cluster-hit (n2) 12.3 MB 2.50s"
+    assert table[2] == "    weights: hf://org/m@cccccccccccc node-hit (n1), cluster-hit (n2) 11.7 MiB 2.50s"
     assert len(table) == 4
     assert summary_lines({"nodes": {"n1": [{"index": "x", "bytes": "big"}, 3]}, "staging": 5}) == [
         "weights: ? ? (n1) 0 B 0.00s"]  # the user's own files, but never a crash on junk
