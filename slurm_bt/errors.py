@@ -7,19 +7,38 @@
      │    ├── SecretError       a SecretReference names a secret the user's store lacks
      │    ├── SnapshotError     the config folder cannot be snapshotted (too big, bad workspace)
      │    └── SourceSpecError   a weights source URI, pattern or secret format is malformed
-     └── RuntimeFailure       exit 1: something outside the input failed; the message says what to do
-          ├── SlurmCommandError  a Slurm client command failed (argv, returncode, stderr)
-          ├── StorageError       a filesystem or object-store operation failed
-          │    ├── CacheFullError       a weights cache cannot hold what is needed (need X, free Y)
-          │    ├── CacheIntegrityError  content does not match its pinned sha256/size; never served
-          │    └── SourceError          a weights source failed (uri, file, offset, transient)
-          │         ├── SourceAccessError      401/403: not authorized for <source>
-          │         ├── SourceNotFoundError    404: repo, revision, bucket or object missing
-          │         ├── SourceUnavailableError unreachable, stalled or 5xx after retries
-          │         └── IntegrityError         size or sha256 mismatch; nothing published
-          ├── RemoteError        SSH to a login node failed (host, what failed) (ConnectionError)
-          │    └── HostKeyError      unknown or changed host key: refused unless asked otherwise
-          └── CacheLockTimeout   a cache lock was not obtained within its hard timeout (TimeoutError)
+     ├── RuntimeFailure       exit 1: something outside the input failed; the message says what to do
+     │    ├── SlurmCommandError  a Slurm client command failed (argv, returncode, stderr)
+     │    ├── StorageError       a filesystem or object-store operation failed
+     │    │    ├── MissingExtraError    a storage scheme's optional package is not installed:
+     │    │    │                        "pip install 'slurm-bt[extra]'" (exit 1, never "internal error")
+     │    │    ├── CacheFullError       a weights cache cannot hold what is needed (need X, free Y)
+     │    │    ├── IntegrityError       bytes do not match their expected sha256/size/checksum;
+     │    │    │    │                   nothing published or served (checkpoints, uploads, caches)
+     │    │    │    ├── CacheIntegrityError    a cached blob differs from its manifest pin
+     │    │    │    └── SourceIntegrityError   (also a SourceError) a weights origin sent other bytes
+     │    │    ├── UntrustedLocation    a checkpoint store path is not what slurm-bt would have made
+     │    │    └── SourceError          a weights source failed (uri, file, offset, transient)
+     │    │         ├── SourceAccessError      401/403: not authorized for <source>
+     │    │         ├── SourceNotFoundError    404: repo, revision, bucket or object missing
+     │    │         ├── SourceUnavailableError unreachable, stalled or 5xx after retries
+     │    │         └── SourceIntegrityError   (see IntegrityError)
+     │    ├── RemoteError        SSH to a login node failed (host, what failed) (ConnectionError)
+     │    │    └── HostKeyError      unknown or changed host key: refused unless asked otherwise
+     │    ├── CacheLockTimeout   a cache lock was not obtained within its hard timeout (TimeoutError)
+     │    ├── DeadlineExceeded   a checkpoint upload's time budget ran out between two files
+     │    └── PrologRefusedError step 1 found the prolog's refusal note for this job on this node
+     └── HookError            raised inside a root prolog/epilog step; hooks/runner.py's exit policy
+          ├── HookUserError      the job's user or input is at fault: fail this job, keep the node
+          │    └── WeightsJobError  this job's weights cannot be delivered on this node
+          └── NodeFault          this node is broken: drain it, saying what broke and how to fix it
+
+    HookDeadline (a BaseException, outside the tree on purpose): the hook's own SIGALRM deadline,
+    which no ``except Exception`` in a hook step may swallow.
+
+Exceptions private to one module (``_Moved``, ``_Aborted``...) are control flow, not errors, and
+stay there; so do the ``ValueError``/``OSError`` subclasses of the base layer that callers catch by
+their builtin type (:mod:`slurm_bt.posix`'s ``UntrustedPath``, ``UnsafeFile``, ``ChildError``...).
 
 Each user error carries a list of :class:`Problem` so that *every* problem is reported at once,
 one line each, as ``<file>: <field>: <message>``.
@@ -31,14 +50,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "OPTIONAL_EXTRAS",
     "BtError",
     "CacheFullError",
     "CacheIntegrityError",
     "CacheLockTimeout",
     "ConfigError",
+    "DeadlineExceeded",
+    "HookDeadline",
+    "HookError",
+    "HookUserError",
     "HostKeyError",
     "IntegrityError",
+    "MissingExtraError",
+    "NodeFault",
     "Problem",
+    "PrologRefusedError",
     "RemoteError",
     "RuntimeFailure",
     "SecretError",
@@ -47,12 +74,31 @@ __all__ = [
     "SnapshotError",
     "SourceAccessError",
     "SourceError",
+    "SourceIntegrityError",
     "SourceNotFoundError",
     "SourceSpecError",
     "SourceUnavailableError",
     "StorageError",
+    "UntrustedLocation",
     "UserError",
+    "WeightsJobError",
+    "extra_for_module",
 ]
+
+OPTIONAL_EXTRAS: dict[str, str] = {
+    "boto3": "s3", "botocore": "s3", "s3transfer": "s3",
+    "huggingface_hub": "hf",
+    "gcsfs": "gcs", "google": "gcs", "google_crc32c": "gcs",
+    "adlfs": "azure", "azure": "azure",
+    "urllib3": "https",
+    "paramiko": "ssh",
+}
+"""Top-level module -> the pyproject extra that installs it (``[project.optional-dependencies]``)."""
+
+
+def extra_for_module(name: str | None) -> str | None:
+    """The extra that installs module ``name`` (``"botocore.session"`` -> ``"s3"``), or None."""
+    return OPTIONAL_EXTRAS.get((name or "").split(".")[0])
 
 
 @dataclass(frozen=True)
@@ -169,7 +215,7 @@ class SourceError(StorageError):
     """A weights source (HF Hub, S3, R2, GCS) could not be listed, resolved or delivered.
 
     The message names the source, and the file and byte offset when known, so that a failed
-    prolog says exactly what to look at (threats-and-faults.md F02).
+    prolog says exactly what to look at.
 
     Attributes:
         uri: the canonical source URI (``hf://org/repo``, ``s3://bucket/prefix``).
@@ -210,20 +256,43 @@ class SourceUnavailableError(SourceError, ConnectionError):
     """The origin is unreachable, stalled or failing (5xx) after bounded retries; transient."""
 
 
-class IntegrityError(SourceError):
-    """Downloaded bytes do not match the manifest (size or sha256); nothing was published.
+class IntegrityError(StorageError):
+    """Bytes do not match what they must be (size, sha256 or the store's own checksum); nothing was
+    published, served or kept at the final path. The one integrity error of weights and checkpoints.
 
     Attributes:
-        expected: the manifest's sha256 (or size, as text).
-        actual: what the received bytes hash to (or their size).
+        file: path of the file (or object key) involved, or None.
+        offset: byte offset when known, or None.
+        expected: the expected sha256 (or size, as text).
+        actual: what the bytes hash to (or their size).
+        transient: always False: retrying the same bytes gives the same answer.
     """
 
     def __init__(
-        self, uri: str, message: str, *, file: str, expected: str, actual: str, offset: int | None = None
+        self, uri: str, message: str, *, file: str | None, expected: str, actual: str, offset: int | None = None
     ) -> None:
+        self.file = file
+        self.offset = offset
         self.expected = expected
         self.actual = actual
-        super().__init__(uri, f"{message} (expected {expected}, got {actual})", file=file, offset=offset)
+        self.transient = False
+        where = ""
+        if file is not None:
+            where += f" file {file!r}"
+        if offset is not None:
+            where += f" at byte {offset}"
+        text = f"{message} (expected {expected}, got {actual})"
+        # StorageError's, not the next class in the MRO: SourceIntegrityError is also a SourceError,
+        # whose constructor takes other arguments.
+        StorageError.__init__(self, uri, f"{where.strip()}: {text}" if where else text)
+
+
+class SourceIntegrityError(IntegrityError, SourceError):
+    """A weights origin sent bytes that do not match its manifest or its own checksum.
+
+    Both an :class:`IntegrityError` and a :class:`SourceError`, so the weights code that handles
+    every source failure alike (``except SourceError``) keeps doing so.
+    """
 
 
 class CacheFullError(StorageError):
@@ -247,10 +316,10 @@ class CacheFullError(StorageError):
         super().__init__(root, msg + (f" ({detail})" if detail else ""))
 
 
-class CacheIntegrityError(StorageError):
+class CacheIntegrityError(IntegrityError):
     """A blob's content does not match the sha256 (or size) pinned in its manifest.
 
-    The bad copy is deleted and never published or served (threats-and-faults.md R6, F03, P10).
+    The bad copy is deleted and never published or served (docs/weights-cache.md).
 
     Attributes:
         expected_sha256: the pinned digest.
@@ -266,7 +335,13 @@ class CacheIntegrityError(StorageError):
         self.actual_sha256 = actual_sha256
         self.expected_size = expected_size
         self.actual_size = actual_size
-        super().__init__(
+        self.file = None
+        self.offset = None
+        self.expected = expected_sha256
+        self.actual = actual_sha256
+        self.transient = False
+        StorageError.__init__(
+            self,
             uri,
             f"content mismatch: expected sha256 {expected_sha256} ({expected_size} bytes), "
             f"got {actual_sha256 or 'unhashed'} ({actual_size} bytes)",
@@ -276,8 +351,8 @@ class CacheIntegrityError(StorageError):
 class CacheLockTimeout(RuntimeFailure, TimeoutError):
     """A cache lock was still held by a live owner when the hard timeout expired.
 
-    Hooks must never hang on a lock (style.md §2.13); the lock only saves bandwidth, so the caller
-    may also retry without it.
+    Hooks must never hang on a lock (a hook past its deadline drains the node); the lock only saves
+    bandwidth, so the caller may also retry without it.
 
     Attributes:
         lock_path: the lock file.
@@ -312,3 +387,65 @@ class RemoteError(RuntimeFailure, ConnectionError):
 
 class HostKeyError(RemoteError):
     """The login node's host key is unknown (or differs from known_hosts); nothing was sent."""
+
+
+class MissingExtraError(StorageError):
+    """A storage scheme's optional package is not installed; the message names the extra to install.
+
+    The CLI prints it like any runtime failure (exit 1), never as an internal error.
+    """
+
+    def __init__(self, url: str, scheme: str, extra: str, missing: str | None) -> None:
+        self.extra = extra
+        super().__init__(url, f"{scheme}:// needs optional packages that are not installed "
+                         f"({missing or 'import failed'}): pip install 'slurm-bt[{extra}]'")
+
+
+class UntrustedLocation(StorageError):
+    """A directory or file of a ``file://`` checkpoint store is not what slurm-bt would have made.
+
+    Raised instead of using it (docs/checkpoints.md §Trust model): a project directory another team
+    created first (a squat), a job directory of another user, a symlink, FIFO or device anywhere
+    below the store root. The message names the path and the fix.
+    """
+
+
+class DeadlineExceeded(RuntimeFailure):
+    """A checkpoint upload's time budget ran out between two files; what is left stays on disk."""
+
+
+class PrologRefusedError(RuntimeFailure):
+    """The slurm-bt prolog refused this job on this node; the message says why and what to do."""
+
+
+class HookError(BtError):
+    """Raised by a step of a root prolog or epilog; hooks/runner.py decides what it does to the job
+    and the node (docs/architecture.md, prolog/README.md)."""
+
+
+class HookUserError(HookError):
+    """A problem caused by the job's user or input: fail this job with ``reason``, keep the node."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class WeightsJobError(HookUserError):
+    """This job's weights cannot be delivered on this node (fail the job, keep the node)."""
+
+
+class NodeFault(HookError):
+    """Something is wrong with this node: drain it, saying what broke and how to fix it."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(f"{what}; fix: {fix}")
+        self.what = what
+        self.fix = fix
+
+
+class HookDeadline(BaseException):
+    """The hook's internal deadline expired (raised from the SIGALRM handler).
+
+    A ``BaseException`` so that ``except Exception`` in hook-point code cannot swallow it.
+    """

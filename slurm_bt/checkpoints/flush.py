@@ -34,8 +34,8 @@ from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.checkpoints.locations import handoff_root, host_checkpoint_dir, is_shared_fs
 from slurm_bt.checkpoints.scan import CompletionTracker
 from slurm_bt.checkpoints.store import credentials_for, open_store, team_gid
-from slurm_bt.checkpoints.upload import DeadlineExceeded, JobIdentity, RankUploader
-from slurm_bt.errors import BtError, StorageError
+from slurm_bt.checkpoints.upload import JobIdentity, RankUploader
+from slurm_bt.errors import BtError, DeadlineExceeded, StorageError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.posix.user_files import read_user_file
 from slurm_bt.site.settings import SiteSettings, expand_path, load_site_settings

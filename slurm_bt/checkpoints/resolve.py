@@ -35,9 +35,9 @@ from typing import Any
 
 from slurm_bt.checkpoints.index import CheckpointView, JobIndex
 from slurm_bt.checkpoints.locations import parse_store_uri, valid_checkpoint_name
-from slurm_bt.checkpoints.store import CheckpointStore, FileStore, UntrustedLocation, credentials_for, open_store
+from slurm_bt.checkpoints.store import CheckpointStore, FileStore, credentials_for, open_store
 from slurm_bt.checkpoints.upload import read_job_index
-from slurm_bt.errors import ConfigError, Problem, StorageError
+from slurm_bt.errors import ConfigError, Problem, StorageError, UntrustedLocation
 from slurm_bt.job_spec import JobSpec, LoadCheckpointSpec, slugify
 from slurm_bt.site.settings import expand_path
 

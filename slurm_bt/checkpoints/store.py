@@ -36,7 +36,7 @@ from typing import Protocol
 
 from slurm_bt.atomic import atomic_output
 from slurm_bt.checkpoints.locations import StoreUri, parse_store_uri
-from slurm_bt.errors import StorageError
+from slurm_bt.errors import StorageError, UntrustedLocation
 from slurm_bt.storage.checksums import CHUNK_BYTES, sha256_fd
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.transfer import UploadResult
@@ -46,7 +46,6 @@ __all__ = [
     "SMALL_OBJECT_MAX_BYTES",
     "CheckpointStore",
     "FileStore",
-    "UntrustedLocation",
     "UploadResult",
     "check_upload_location",
     "credentials_for",
@@ -101,15 +100,6 @@ def team_gid(account: str | None) -> int:
         if gr is not None and (gr.gr_gid == pw.pw_gid or gr.gr_gid in os.getgroups() or pw.pw_name in gr.gr_mem):
             return gr.gr_gid
     return pw.pw_gid
-
-
-class UntrustedLocation(StorageError):
-    """A directory or file of a ``file://`` store is not what slurm-bt would have made for this job.
-
-    Raised instead of using it (docs/checkpoints.md §Trust model): a project directory another team
-    created first (a squat), a job directory of another user, a symlink, FIFO or device anywhere
-    below the store root. The message names the path and the fix.
-    """
 
 
 _DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -38,14 +38,10 @@ from slurm_bt.checkpoints.index import (
 from slurm_bt.checkpoints.locations import file_key, index_key, rank_index_key
 from slurm_bt.checkpoints.scan import CheckpointFile, CompletionTracker, DirState, scan_dir
 from slurm_bt.checkpoints.store import CheckpointStore
-from slurm_bt.errors import StorageError
+from slurm_bt.errors import DeadlineExceeded, StorageError
 from slurm_bt.posix.user_files import UnsafeFile, open_user_file
 
-__all__ = ["DeadlineExceeded", "JobIdentity", "RankUploader", "read_job_index", "read_rank_part"]
-
-
-class DeadlineExceeded(Exception):
-    """The caller's time budget ran out between two files; what is left stays on disk."""
+__all__ = ["JobIdentity", "RankUploader", "read_job_index", "read_rank_part"]
 
 
 @dataclass(frozen=True)

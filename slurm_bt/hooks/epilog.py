@@ -34,8 +34,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from slurm_bt.errors import NodeFault
 from slurm_bt.hooks.runner import run_hook
-from slurm_bt.jobhost.context import HookContext, NodeFault
+from slurm_bt.jobhost.context import HookContext
 from slurm_bt.jobhost.leftovers import end_leftover_processes, mark_job_ending, other_jobs_of_user, summary
 from slurm_bt.jobhost.runtime_dirs import remove_job_runtime_dir
 from slurm_bt.jobhost.stale_sweep import HANDOFF_DIR

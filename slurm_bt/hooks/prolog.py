@@ -36,9 +36,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from slurm_bt.errors import HookUserError, NodeFault
 from slurm_bt.hooks.runner import run_hook
 from slurm_bt.job_spec import JobSpec
-from slurm_bt.jobhost.context import HookContext, HookUserError, NodeFault
+from slurm_bt.jobhost.context import HookContext
 from slurm_bt.jobhost.leftovers import write_job_owner
 from slurm_bt.jobhost.runtime_dirs import make_user_runtime_dir
 from slurm_bt.jobhost.stale_sweep import sweep_stale_scratch
@@ -316,8 +317,8 @@ def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, roo
     the ``OSError`` behind a :class:`~slurm_bt.errors.StorageError`) and can probe the node cache
     before deciding that an I/O error is the node's fault rather than the cluster tier's.
     """
-    from slurm_bt.errors import BtError, CacheFullError, CacheIntegrityError, CacheLockTimeout
-    from slurm_bt.weights.node_stage import WeightsJobError, stage_for_job
+    from slurm_bt.errors import BtError, CacheFullError, CacheIntegrityError, CacheLockTimeout, WeightsJobError
+    from slurm_bt.weights.node_stage import stage_for_job
 
     os.umask(0o022)  # the job user must traverse jobs/<id> and read weights.json (run_in_child sets 077)
     lines: list[str] = []

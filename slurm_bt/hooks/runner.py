@@ -40,7 +40,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from slurm_bt.jobhost.context import HookContext, HookDeadline, HookLog, HookUserError, NodeFault
+from slurm_bt.errors import HookDeadline, HookUserError, NodeFault
+from slurm_bt.jobhost.context import HookContext, HookLog
 from slurm_bt.posix.hook_env import HookEnvError, SlurmHookEnv
 from slurm_bt.posix.job_notes import STATE_ROOT
 from slurm_bt.posix.safefs import write_file_at

@@ -3,8 +3,9 @@
 The prolog and epilog (:mod:`slurm_bt.hooks.runner`) build one :class:`HookContext` per run and
 hand it to the host features they call (:mod:`slurm_bt.jobhost.runtime_dirs`,
 :mod:`slurm_bt.jobhost.stale_sweep`, :mod:`slurm_bt.weights.tier_dirs`...). It lives below the hooks
-so that those features never import the entry points: :class:`HookUserError` fails the job (prolog
-exit 0), :class:`NodeFault` drains the node, as the runner's exit policy says.
+so that those features never import the entry points. What they raise is in :mod:`slurm_bt.errors`:
+:class:`~slurm_bt.errors.HookUserError` fails the job (prolog exit 0), :class:`~slurm_bt.errors.NodeFault`
+drains the node, as the runner's exit policy says.
 """
 
 from __future__ import annotations
@@ -19,31 +20,7 @@ from slurm_bt.posix.safefs import ensure_dir_at, open_trusted_dir
 from slurm_bt.site.hook_settings import HookSettings
 from slurm_bt.site.settings import SiteSettings
 
-__all__ = ["HookContext", "HookDeadline", "HookLog", "HookUserError", "NodeFault"]
-
-
-class HookUserError(Exception):
-    """A problem caused by the job's user or input: fail this job with ``reason``, keep the node."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class NodeFault(Exception):
-    """Something is wrong with this node: drain it, saying what broke and how to fix it."""
-
-    def __init__(self, what: str, fix: str) -> None:
-        super().__init__(f"{what}; fix: {fix}")
-        self.what = what
-        self.fix = fix
-
-
-class HookDeadline(BaseException):
-    """The hook's internal deadline expired (raised from the SIGALRM handler).
-
-    A ``BaseException`` so that ``except Exception`` in hook-point code cannot swallow it.
-    """
+__all__ = ["HookContext", "HookLog"]
 
 
 class HookLog:

@@ -30,7 +30,8 @@ import secrets
 import stat
 import time
 
-from slurm_bt.jobhost.context import HookContext, HookUserError
+from slurm_bt.errors import HookUserError
+from slurm_bt.jobhost.context import HookContext
 from slurm_bt.jobhost.stale_sweep import sweep_stale_runtime
 from slurm_bt.node.job_paths import user_runtime_dir
 from slurm_bt.posix.safefs import (

@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_bt.errors import RuntimeFailure
 from slurm_bt.posix.hook_env import SlurmHookEnv
 from slurm_bt.posix.safefs import ensure_dir_at, open_trusted_dir, remove_tree_at, write_file_at
 from slurm_bt.trusted_files import read_trusted_file
@@ -40,7 +39,6 @@ __all__ = [
     "STATE_ROOT",
     "HookState",
     "JobStateDir",
-    "PrologRefusedError",
     "job_state_path",
     "open_node_state",
     "read_hook_state",
@@ -50,10 +48,6 @@ STATE_ROOT = "/run/slurm-bt"
 PROLOG_ERROR = "prolog-error"
 PROLOG_RECORD = "prolog.json"
 _MAX_NOTE = 64 * 1024
-
-
-class PrologRefusedError(RuntimeFailure):
-    """The slurm-bt prolog refused this job on this node; the message says why and what to do."""
 
 
 @dataclass(frozen=True)

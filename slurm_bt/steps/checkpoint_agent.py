@@ -27,8 +27,7 @@ from types import FrameType
 
 from slurm_bt.checkpoints.flush import build_uploader, prolog_team, write_state
 from slurm_bt.checkpoints.locations import host_checkpoint_dir, is_shared_fs
-from slurm_bt.checkpoints.upload import DeadlineExceeded
-from slurm_bt.errors import BtError
+from slurm_bt.errors import BtError, DeadlineExceeded
 from slurm_bt.job_spec import JobSpec
 
 __all__ = ["finish_path", "main"]

@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_bt.atomic import make_private_dir, write_file_atomic
-from slurm_bt.errors import BtError, StorageError
+from slurm_bt.errors import BtError, PrologRefusedError, StorageError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.job_paths import job_layout
-from slurm_bt.posix.job_notes import PrologRefusedError, read_hook_state
+from slurm_bt.posix.job_notes import read_hook_state
 from slurm_bt.secrets_store import SecretStore
 from slurm_bt.site.settings import expand_path, user_path
 from slurm_bt.steps.registry_auth import enroot_credentials, registry_login

@@ -10,14 +10,13 @@ from __future__ import annotations
 from slurm_bt.storage.base import Backend, Listing, RangeStream, RemoteFile, TransportOptions
 from slurm_bt.storage.credentials import Credentials, credentials_from_store, parse_credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
-from slurm_bt.storage.registry import MissingExtraError, open_backend
+from slurm_bt.storage.registry import open_backend
 from slurm_bt.storage.url import StorageUrl, parse_url
 
 __all__ = [
     "Backend",
     "Credentials",
     "Listing",
-    "MissingExtraError",
     "RangeStream",
     "RemoteFile",
     "StorageEndpoints",

@@ -3,7 +3,7 @@
 Importing :mod:`slurm_bt.storage` imports no client library (boto3, s3fs, gcsfs, adlfs,
 huggingface_hub, aiohttp): hooks and the CLI start fast and a node without an optional package
 still serves the other schemes. When a scheme's package is missing, :func:`open_backend` raises a
-:class:`MissingExtraError` naming the extra to install, instead of an internal error.
+:class:`~slurm_bt.errors.MissingExtraError` naming the extra to install, instead of an internal error.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
-from slurm_bt.errors import StorageError
+from slurm_bt.errors import MissingExtraError
 from slurm_bt.storage.base import Backend, TransportOptions
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.storage.url import StorageUrl
 
-__all__ = ["REGISTRY", "Entry", "MissingExtraError", "backend_class", "open_backend"]
+__all__ = ["REGISTRY", "Entry", "backend_class", "open_backend"]
 
 
 class Entry(NamedTuple):
@@ -38,15 +38,6 @@ REGISTRY: dict[str, Entry] = {
     "https": Entry("slurm_bt.storage.https", "HttpsBackend", "https"),
     "file": Entry("slurm_bt.storage.file", "FileBackend", None),
 }
-
-
-class MissingExtraError(StorageError):
-    """A scheme's optional package is not installed; the message names the extra to install."""
-
-    def __init__(self, url: str, scheme: str, extra: str, missing: str | None) -> None:
-        self.extra = extra
-        super().__init__(url, f"{scheme}:// needs optional packages that are not installed "
-                         f"({missing or 'import failed'}): pip install 'slurm-bt[{extra}]'")
 
 
 def backend_class(url: StorageUrl) -> type[Backend]:

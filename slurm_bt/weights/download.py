@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_bt.atomic import fsync_dir, temp_name
-from slurm_bt.errors import IntegrityError, SourceError, SourceUnavailableError, StorageError
+from slurm_bt.errors import SourceError, SourceIntegrityError, SourceUnavailableError, StorageError
 from slurm_bt.storage.base import Backend, RemoteFile, TransportOptions, backoff_delay_s
 from slurm_bt.storage.checksums import Hasher, OriginChecksum, new_hasher, pick_check
 from slurm_bt.storage.credentials import Credentials
@@ -151,7 +151,7 @@ def _check_origin(source: Backend, file: RemoteFile, check: OriginChecksum, got:
         confirm = getattr(source, "etag_is_md5", None)
         if confirm is not None and not confirm(file):
             return
-    raise IntegrityError(
+    raise SourceIntegrityError(
         source.uri.canonical,
         f"{check.kind} of the received bytes does not match the origin's {check.label} (corrupted in "
         f"transit or at the origin){'; not published' if published else ''}",
@@ -368,10 +368,10 @@ def fetch_file(
         actual = transfer.sha.hexdigest()
         uri = source.uri.canonical
         if actual_size != file.size:
-            raise IntegrityError(uri, "size mismatch; not published", file=file.path,
+            raise SourceIntegrityError(uri, "size mismatch; not published", file=file.path,
                                  expected=str(file.size), actual=str(actual_size))
         if expected is not None and actual != expected:
-            raise IntegrityError(uri, "sha256 mismatch; not published", file=file.path,
+            raise SourceIntegrityError(uri, "sha256 mismatch; not published", file=file.path,
                                  expected=expected, actual=actual)
         if check is not None and transfer.side is not None:
             assert isinstance(file, RemoteFile)

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from slurm_bt.atomic import write_file_atomic
-from slurm_bt.errors import RuntimeFailure
+from slurm_bt.errors import WeightsJobError
 from slurm_bt.storage.checksums import sha256_fd
 from slurm_bt.trusted_files import read_trusted_file
 from slurm_bt.weights.manifest import Manifest
@@ -76,10 +76,6 @@ __all__ = [
 
 NODE_RECORD = "weights.json"
 _MAX_MANIFEST = 64 << 20
-
-
-class WeightsJobError(RuntimeFailure):
-    """This job's weights cannot be delivered on this node (user-level: fail the job, keep the node)."""
 
 
 # -- helpers --------------------------------------------------------------------------------------------

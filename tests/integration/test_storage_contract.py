@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError
+from slurm_bt.errors import MissingExtraError, SourceAccessError, SourceError, SourceNotFoundError
 from slurm_bt.storage import Credentials, StorageEndpoints, open_backend, parse_url
 from slurm_bt.storage.base import Backend, read_all
 from slurm_bt.storage.checksums import new_hasher
-from slurm_bt.storage.registry import MissingExtraError, backend_class
+from slurm_bt.storage.registry import backend_class
 from tests.servers.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from tests.servers.fixtures import azurite, https_files  # noqa: F401  (session fixtures)
 from tests.servers.gcs import FakeGcs

@@ -34,9 +34,9 @@ from slurm_bt.checkpoints import store as store_mod
 from slurm_bt.checkpoints.locations import parse_store_uri
 from slurm_bt.checkpoints.resolve import find_job, read_trusted_index
 from slurm_bt.checkpoints.scan import CompletionTracker
-from slurm_bt.checkpoints.store import FileStore, UntrustedLocation, check_upload_location
+from slurm_bt.checkpoints.store import FileStore, check_upload_location
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader
-from slurm_bt.errors import IntegrityError
+from slurm_bt.errors import IntegrityError, UntrustedLocation
 from slurm_bt.weights import cluster_cache
 from tests.unit.test_hooks_env import ensure_test_users
 
@@ -66,7 +66,8 @@ def _uri(root: Path) -> str:
 def _as(user: str, code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run ``code`` (with ``store``, ``check_upload_location``, ``read_trusted_index``... imported) as ``user``."""
     prelude = ("import json, os, sys\n"
-               "from slurm_bt.checkpoints.store import FileStore, UntrustedLocation, check_upload_location, team_gid\n"
+               "from slurm_bt.checkpoints.store import FileStore, check_upload_location, team_gid\n"
+               "from slurm_bt.errors import UntrustedLocation\n"
                "from slurm_bt.checkpoints.locations import parse_store_uri\n"
                "from slurm_bt.checkpoints.resolve import find_job, read_trusted_index\n"
                "from slurm_bt.checkpoints.upload import read_job_index\n")

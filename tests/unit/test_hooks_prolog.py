@@ -247,7 +247,7 @@ def test_non_slurm_bt_jobs_are_left_alone(site: Site) -> None:
 
 
 def test_step1_prints_the_prolog_reason(site: Site) -> None:
-    from slurm_bt.posix.job_notes import PrologRefusedError
+    from slurm_bt.errors import PrologRefusedError
     from slurm_bt.steps.prepare import prepare_node
 
     work = write_job(site, "btu1", tamper={"uid": 0, "user": "root"})
