@@ -1,12 +1,12 @@
 """Durable, atomic publishing of files and directories: the one place the project does it.
 
 Correctness on shared filesystems comes from *unique temp name + fsync + rename + fsync(dir)*,
-never from locks: ``flock`` silently succeeds for everyone on Lustre, GPFS and some NFS mounts
-(threats-and-faults.md R7). ``rename`` is atomic but not durable until the parent directory is
+never from locks: ``flock`` silently succeeds for everyone on Lustre, GPFS and some NFS mounts.
+``rename`` is atomic but not durable until the parent directory is
 fsynced (microsoft/CCF#7030), so every publish ends with :func:`fsync_dir`.
 
 Temp files are created with ``O_CREAT|O_EXCL|O_NOFOLLOW`` so a pre-planted file or symlink at the
-temp name is never written through (threats-and-faults.md §3.3, S06), and their mode is set with
+temp name is never written through, and their mode is set with
 ``fchmod`` so the result does not depend on the caller's umask.
 
 Every failure is raised as :class:`~slurm_bt.errors.StorageError` (an ``OSError``) naming the path;
@@ -79,7 +79,7 @@ def fsync_dir(path: Path) -> None:
 def atomic_output(path: Path, *, mode: int = 0o600) -> Iterator[int]:
     """A writable descriptor whose content appears at ``path`` only if the ``with`` block succeeds.
 
-    The one publish protocol for every file slurm-bt writes (R7 in threats-and-faults.md): a unique
+    The one publish protocol for every file slurm-bt writes: a unique
     temp file beside ``path`` (``O_EXCL|O_NOFOLLOW``), written and verified by the caller inside the
     block, then ``fchmod(mode)`` (umask-independent), ``fsync``, ``rename`` over ``path`` and
     ``fsync`` of the directory. A symlink or hard link already at ``path`` is replaced, never
@@ -194,7 +194,7 @@ def publish_dir_atomic(tmp_dir: Path, final_dir: Path) -> None:
 def make_private_dir(path: Path, mode: int = 0o700, *, parents: bool = False) -> None:
     """Create a directory only the current user can use, or adopt one that is safely ours.
 
-    Create, don't adopt (threats-and-faults.md §3.3): an existing entry is accepted only if it is
+    Create, don't adopt: an existing entry is accepted only if it is
     a real directory (not a symlink) owned by the current uid; its mode is then set to ``mode``.
     The check and the chmod go through one ``O_NOFOLLOW`` file descriptor, so the entry cannot be
     swapped in between.

@@ -1,7 +1,7 @@
 """A per-user secret store: one 0600 file per secret in a 0700 directory.
 
 ``SecretReference(name=...)`` in a config names a secret; its value is looked up **at run time on
-the compute node, as the job user** (threats-and-faults.md §4), never at submit time, so no value
+the compute node, as the job user**, never at submit time, so no value
 ever reaches sbatch's argv, the script, the comment or the submit environment. Compute nodes may
 run the job without ``$HOME`` set, so the default location comes from the passwd entry of the
 current uid. Sites may pass another root (the site config names one).

@@ -5,7 +5,7 @@ the folder afterwards never changes a queued job. On Slurm the job may start hou
 the user's files in place, so we copy the same set of files into a private snapshot directory.
 
 The selection follows upstream (``truss-train/truss_train/deployment.py`` and
-``truss/util/path.py``; truss-train-api.md §5):
+``truss/util/path.py``):
 
 * the root is ``workspace_root`` (relative to the config's directory) or the config's directory;
   the config's directory must be inside the root;

@@ -10,7 +10,7 @@ Called in two places:
   hand-off area on the same filesystem (:func:`~slurm_bt.checkpoints.locations.handoff_root`), where
   scratch cleanup never looks. ``slurm-bt checkpoints resume-handoffs`` (root, or a sweeper)
   finishes it later. The epilog returns quickly and exits 0 either way: a slow store or a user's
-  20 GiB checkpoint is not a node fault (threats-and-faults.md R2).
+  20 GiB checkpoint is not a node fault.
 
 The uploader leaves ``.slurm-bt-uploader.json`` at the top of ``BT_CHECKPOINT_DIR`` (a dot file, so
 never a checkpoint) naming the job spec and the node rank; it travels with a hand-off.

@@ -18,8 +18,8 @@ A checkpoint that changes after it was uploaded is uploaded again once it is com
 checkpoint and are not uploaded; the uploader says so once.
 
 Walking never follows symlinks: a symlink inside a checkpoint is uploaded only if it resolves to a
-regular file inside the same checkpoint (as that file's content); others are skipped and reported
-(threats-and-faults.md E05). FIFOs, sockets and devices are skipped and reported too. File names
+regular file inside the same checkpoint (as that file's content); others are skipped and reported.
+FIFOs, sockets and devices are skipped and reported too. File names
 need not be UTF-8: relative paths are stored percent-encoded where needed
 (:func:`~slurm_bt.checkpoints.index.encode_relpath`) and decoded again on download.
 """

@@ -6,7 +6,7 @@ are :class:`~slurm_bt.checkpoints.object_store.ObjectStore`, an adapter over the
 (:mod:`slurm_bt.storage`: clients, credentials, multipart, checksum headers, ranged GETs), whose
 client libraries are imported only when a store of that scheme is opened.
 
-Integrity (threats-and-faults.md R6): every backend hashes what it sends with sha256 *while
+Integrity: every backend hashes what it sends with sha256 *while
 sending it* and returns that digest, which the caller records in the index; every download is
 written to a unique temp file, sha256-verified against the index, fsynced and only then renamed
 into place. Nothing ever trusts an ETag.

@@ -1,7 +1,7 @@
 """``slurm-bt admin install`` and ``slurm-bt admin doctor``: put the hooks on a node and check it.
 
 Why a command and not a copy step in the docs: the hook wrappers must name an absolute interpreter
-(slurmd gives hooks no ``PATH``, slurm-facts.md §1.7), the storage roots must exist with exact
+(slurmd gives hooks no ``PATH``), the storage roots must exist with exact
 owners and modes before the first job (a missing root drains the node), and the slurm.conf lines
 must match what the hooks assume. ``install`` does all of it and prints the config lines; ``doctor``
 re-checks a node and prints each problem with its fix (exit 1 if anything is wrong).
@@ -126,7 +126,7 @@ def slurm_conf_lines(prolog: str, epilog: str, deadline_s: float, gres: dict[str
         "# job_comment keeps slurm-bt's submission id in sacct; add job_script,job_env only if coordinators",
         "# and admins may read every job's script and submit environment.",
         "AccountingStoreFlags=job_comment",
-        "# Comments, work dirs and commands are visible to every user by default (slurm-facts.md §7):",
+        "# Comments, work dirs and commands are visible to every user by default:",
         "PrivateData=jobs,usage",
         "# In each NodeName= line: Gres=gpu:<type>:<count>",
     ]

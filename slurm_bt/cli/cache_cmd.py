@@ -5,7 +5,7 @@ user may see: the kernel's ``2770 root:<team group>`` permissions decide, not th
 project is looked up in every team directory the user can enter (``--team`` narrows it).
 
 "Last use" is the newest of the project directory's mtime (the prolog touches it when a job that
-uses the cache starts) and the newest file's mtime; atime is unreliable (threats-and-faults.md §3.7).
+uses the cache starts) and the newest file's mtime; atime is unreliable.
 """
 
 from __future__ import annotations

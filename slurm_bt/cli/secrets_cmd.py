@@ -1,7 +1,7 @@
 """``slurm-bt secrets``: manage the per-user secret store that ``SecretReference`` names resolve in.
 
 Values are read from stdin (or a hidden prompt on a terminal), never from argv: argv is readable
-by every local user through ``/proc/<pid>/cmdline`` (CVE-2020-27746; threats-and-faults.md S02).
+by every local user through ``/proc/<pid>/cmdline`` (CVE-2020-27746).
 Errors are raised as :mod:`slurm_bt.errors` types; the main CLI maps them to messages and exit
 codes in one place.
 

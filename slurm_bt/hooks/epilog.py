@@ -2,7 +2,7 @@
 
 ``python -I -m slurm_bt.hooks.epilog [--config hooks.toml] [--site site.toml]``; the contract is
 ``epilog/README.md``. It also runs after a failed or half-finished prolog, and may run twice, so
-every step accepts "already done" and "never started" (threats-and-faults.md R3, E07):
+every step accepts "already done" and "never started":
 
 1. checkpoint flush (:mod:`slurm_bt.checkpoints.flush`, in a bounded child); unless it confirms
    *every* checkpoint uploaded, the job's ``mnt/checkpoints`` stays on the node as the hand-off directory, recorded in

@@ -9,7 +9,7 @@
 2. skip jobs that are not slurm-bt jobs (comment ``slurm-bt:...``: a hint only, it selects work
    for the user's own job and nothing else);
 3. scratch: ``<scratch root>/<job id>``, ``0700 <uid>:<gid>``, created fd-relative in the root-owned
-   scratch root; an entry that already exists and is not the user's is refused (P02); then the
+   scratch root; an entry that already exists and is not the user's is refused; then the
    per-user runtime directory ``<runtime root>/slurm-bt-<uid>`` (``0700 <uid>:<gid>``), created
    root-side so that nobody can squat it; a squat is moved aside, removed and reported
    (:mod:`slurm_bt.jobhost.runtime_dirs`);
@@ -239,7 +239,7 @@ def make_caches(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, object
 def _read_manifests_as_user(ctx: HookContext, spec: JobSpec) -> list[str]:
     """The job's pinned manifests (``<job dir>/weights/<i>.json``), read in a child dropped to the user.
 
-    Why as the user: the job dir is the user's; root must not open user-named paths (R1). The
+    Why as the user: the job dir is the user's; root must not open user-named paths. The
     texts are untrusted here; :func:`~slurm_bt.weights.node_stage.stage_for_job` re-validates them.
     """
     from slurm_bt.weights.node_stage import load_job_manifests

@@ -1,8 +1,8 @@
 """The exit-code policy every slurm-bt hook runs under.
 
 Slurm turns *any* non-zero Prolog exit into a drained node and a held job, and a non-zero Epilog
-into a drained node (slurm-facts.md §1.5); it waits forever unless ``PrologEpilogTimeout`` is set
-(§1.4). So each hook body runs inside :func:`run_hook`, which
+into a drained node; it waits forever unless ``PrologEpilogTimeout`` is set (docs/footguns.md,
+"Slurm behaviours the hooks rely on"). So each hook body runs inside :func:`run_hook`, which
 
 * reads the trusted environment once (:class:`~slurm_bt.posix.hook_env.SlurmHookEnv`) and the root-owned
   policy and site files;

@@ -27,7 +27,7 @@ class HookLog:
     """Append-only, root-owned log: one ``os.write`` per record, so concurrent hooks do not interleave.
 
     If the log cannot be opened the records go to stderr, which slurmd keeps only at debug level on
-    success (slurm-facts.md §1.9) but at error level on failure.
+    success but at error level on failure (docs/footguns.md).
     """
 
     def __init__(self, path: str, tag: str) -> None:

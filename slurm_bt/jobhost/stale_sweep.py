@@ -1,7 +1,7 @@
 """Remove scratch left by jobs whose epilog never ran (compute node, root, called by the prolog).
 
 Why: when a node crashes or is rebooted mid-job, Slurm never runs that job's epilog, and its
-``<scratch root>/<job id>`` stays on the node-local disk for ever (fault E08 in the threats notes).
+``<scratch root>/<job id>`` stays on the node-local disk for ever (docs/footguns.md, "Scratch of a crashed node").
 The next prolog on the node removes such directories, bounded in time, and never an active job's.
 
 "Active" is decided from facts root wrote itself, never from anything a user controls:

@@ -1,8 +1,8 @@
 """The Slurm facts a root hook may trust, read once from the environment and validated.
 
-Why so few: on 22.05 slurmd builds the Prolog/Epilog environment from scratch (slurm-facts.md §1.7),
+Why so few: on 22.05 slurmd builds the Prolog/Epilog environment from scratch (docs/footguns.md),
 but several of its variables are user-controlled (``SLURM_JOB_COMMENT``, ``SLURM_JOB_WORK_DIR``, the
-stdio patterns, ``SPANK_*``) and the owner can rewrite the comment at any time (§7). Only the job id,
+stdio patterns, ``SPANK_*``) and the owner can rewrite the comment at any time. Only the job id,
 uid, gid and user name, the node name, the script context and the cluster name come from slurmd or
 the credential; everything else is carried here as an explicitly *untrusted* hint.
 """

@@ -1,8 +1,8 @@
 """The job-keyed hand-off between the root prolog and the job's step 1 (``slurm_bt.steps.prepare``).
 
-Why a file: a prolog that exits non-zero drains the node and requeues the job held (slurm-facts.md
-§1.5), so a problem the *user* caused must instead exit 0 and still make the job fail with a
-readable reason (threats-and-faults.md R2). Hooks may not call Slurm commands, so the prolog leaves a
+Why a file: a prolog that exits non-zero drains the node and requeues the job held
+(docs/footguns.md), so a problem the *user* caused must instead exit 0 and still make the job fail
+with a readable reason. Hooks may not call Slurm commands, so the prolog leaves a
 root-owned note per node and job, and step 1 of every slurm-bt job reads it before anything else:
 
     /run/slurm-bt/<node>/jobs/<job_id>/            0750 root:<job gid>

@@ -1,7 +1,7 @@
 """Run a function in a forked child with a hard time bound, optionally as the job's user.
 
 Why a fork and not ``seteuid`` in place: a root hook must never act on a user-named path with root's
-credentials (CVE-2023-41914, CVE-2016-10030; threats-and-faults.md R1, §3.1), and a temporary
+credentials (CVE-2023-41914, CVE-2016-10030), and a temporary
 ``seteuid`` keeps the saved uid 0, so anything the user can influence inside that window could take
 it back. The child drops for good, in the order CERT POS36-C requires, then verifies:
 
@@ -12,7 +12,7 @@ it back. The child drops for good, in the order CERT POS36-C requires, then veri
 4. ``PR_SET_NO_NEW_PRIVS`` (nothing it executes can gain privileges), empty environment apart from
    ``PATH``/``HOME``/``USER``/``LOGNAME``/``LANG``, umask 077, cwd ``/``, no core dumps,
 5. stdin/stdout/stderr on ``/dev/null`` and no other inherited descriptor: a child holding slurmd's
-   output pipe would keep the prolog "running" until it exits (slurm-facts.md §1.4), and leaked
+   output pipe would keep the prolog "running" until it exits, and leaked
    root fds are runc CVE-2024-21626.
 6. resource limits (:class:`ChildLimits`): address space (``RLIMIT_AS``), CPU seconds
    (``RLIMIT_CPU``, soft and hard, so ``SIGXCPU`` then ``SIGKILL``) and open files, set after the

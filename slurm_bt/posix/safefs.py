@@ -2,7 +2,7 @@
 
 Why not paths: a root process that acts on ``/scratch/123/a/b`` by name can be redirected by
 anyone who can swap one component for a symlink between check and use (CVE-2023-41914,
-systemd CVE-2018-6954, opentmpfiles CVE-2017-18188; threats-and-faults.md §3.2-3.4). Here every
+systemd CVE-2018-6954, opentmpfiles CVE-2017-18188). Here every
 step starts from a directory file descriptor we already hold and opens the next component with
 ``O_NOFOLLOW|O_DIRECTORY``; ownership and type are checked with ``fstat`` on the descriptor actually
 opened; ``fchown``/``fchmod`` act on that descriptor. ``fs.protected_*`` sysctls are never relied on.
@@ -136,7 +136,7 @@ def ensure_dir_at(parent_fd: int, name: str, *, uid: int, gid: int, mode: int,
                   adopt_modes: bool = True) -> tuple[int, bool]:
     """Create directory ``name`` in ``parent_fd`` owned ``uid:gid`` with ``mode``, or accept ours.
 
-    Create, don't adopt (threats-and-faults.md §3.3, P02): an existing entry is accepted only if
+    Create, don't adopt: an existing entry is accepted only if
     it is a real directory already owned by ``uid`` (for root-owned targets: by root, whose group
     and mode are then corrected). A symlink, FIFO, file or a directory owned by anyone else is
     refused and never chowned or chmodded.

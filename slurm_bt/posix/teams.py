@@ -4,7 +4,7 @@ The team model (docs/admin.md §Teams): a team is a **Unix group**. The admin ma
 groups in ``hooks.toml`` (``[team_groups]``); a job whose account is not mapped uses its primary
 group (``SLURM_JOB_GID``). Membership comes from ``getgrouplist(user, gid)`` on the node, never from
 the job's config: ``team_name`` in a truss config and the account string are user input
-(threats-and-faults.md P04, CVE-2018-10995: authorise from numeric ids).
+(CVE-2018-10995: authorise from numeric ids).
 
 Why groups and not accounts: the kernel enforces groups (``2770 root:<group>`` directories give
 members access and everyone else ``EACCES``), while an account is only a string in slurmdbd that

@@ -9,7 +9,7 @@ Metadata goes through huggingface_hub (``model_info`` pins the revision to the c
 answers with; ``list_repo_tree`` gives sizes, LFS sha256 and, for non-LFS files, the git blob sha1
 that the download checks). Bytes go through plain ranged GETs on
 ``/{repo}/resolve/{commit}/{path}``: the commit in the URL pins the version, so a branch that
-moves after resolve can never leak into a download (threats F07). ``token=False`` is passed when
+moves after resolve can never leak into a download. ``token=False`` is passed when
 the source has no secret, so a token saved on the login node is never used by accident.
 """
 

@@ -10,12 +10,12 @@ and give no sha256 of the whole file. Here each file is read once, in order, by 
 
 * each part is ``pread`` into memory, its CRC32C (or the store's configured ``part_checksum``) is
   computed, and the part goes to a shared thread pool that sends it with that checksum in the
-  header, so the server rejects a part corrupted in flight (F16);
+  header, so the server rejects a part corrupted in flight;
 * the same bytes feed the file's sha256 (recorded in the index) while earlier parts are on the
   wire, so hashing is pipelined with the network;
 * after ``CompleteMultipartUpload`` a ``HeadObject(ChecksumMode=ENABLED)`` must return the size and
   the composite checksum we expect (``base64(crc32c(part digests))-N``); a multipart ETag is never
-  read as an MD5 (threats-and-faults.md §5).
+  read as an MD5.
 
 Small files go in one ``PutObject`` with ``ChecksumSHA256`` = our sha256, so the server itself
 verifies the digest we record. Payload signing is off (the per-part checksums protect the bytes).
@@ -23,7 +23,7 @@ verifies the digest we record. Payload signing is off (the per-part checksums pr
 Resumability: a rerun whose object already has the expected size and checksum is skipped. A
 multipart upload interrupted by ``kill -9``, a node crash or an epilog's time budget is resumed at
 part granularity: the newest incomplete upload of the same key is found (``ListMultipartUploads``;
-older ones are aborted, F15), its parts listed, and each part is kept only if its size matches our
+older ones are aborted), its parts listed, and each part is kept only if its size matches our
 layout and its checksum (or, where the server lists none, its ETag = MD5) equals that of the local
 bytes read now; every other part is sent again. The file is still read and hashed whole, and the
 completed object must still show the composite checksum of the *local* parts, so a stale or foreign
@@ -87,7 +87,7 @@ def composite_checksum(name: str, part_digests: list[bytes]) -> str:
 
 def _default_part_checksum(scheme: str) -> str:
     if scheme == "r2":
-        return "sha256"  # R2 has rejected CRC headers more than once (transfer-perf.md §2)
+        return "sha256"  # R2 has rejected CRC headers more than once
     try:
         part_checksum_function("crc32c")
         return "crc32c"

@@ -1,6 +1,6 @@
 """The on-disk layout shared by the cluster and node weights caches, and the file primitives both use.
 
-Both tiers look the same (style.md §2.12, after the Hugging Face cache), so staging to a node is
+Both tiers look the same (after the Hugging Face cache), so staging to a node is
 "copy the missing blobs, relink the snapshot"::
 
     <root>/
@@ -147,7 +147,7 @@ class CacheLayout:
     def ensure(self, *, dir_mode: int = 0o755, extra: tuple[str, ...] = ()) -> None:
         """Create the root and its subdirectories, and ``CACHEDIR.TAG``; idempotent.
 
-        Create, don't adopt (threats-and-faults.md §3.3): an existing entry must be a real
+        Create, don't adopt: an existing entry must be a real
         directory (not a symlink); its mode and owner are left alone, since an admin may have
         provisioned it (e.g. ``3770 root:<team>``).
 
@@ -274,7 +274,7 @@ def open_regular(path: Path) -> int:
     """Open an existing regular file for reading without following a final symlink or blocking.
 
     ``O_NONBLOCK`` keeps a FIFO planted at a blob name from hanging a root prolog, and the
-    ``fstat`` check refuses anything but a regular file (threats-and-faults.md §3.2).
+    ``fstat`` check refuses anything but a regular file.
 
     Raises:
         FileNotFoundError: nothing there.

@@ -7,13 +7,13 @@ Who writes it and why it may still be trusted only so far (docs/weights-cache.md
   because of where it sits: every reader that copies a blob onward (the node tier) re-hashes it.
 * ``<base>/shared/`` is curated by admins (root-owned, read-only to users) for public models.
 
-Publishing follows threats-and-faults.md §5: each blob is fetched into a private temp directory
+Publishing follows the one publish protocol (slurm_bt/atomic.py): each blob is fetched into a private temp directory
 under ``.tmp/``, fsynced, hashed, renamed to ``blobs/<sha256>`` and the directory fsynced; then the
 snapshot is built under a temp name and renamed; the manifest (COMPLETE marker) is written last.
 Locks (:mod:`slurm_bt.weights.locks`) only make concurrent stagers fetch each blob once; with locks
-disabled the result is still one correct entry (R7).
+disabled the result is still one correct entry.
 
-A cache hit still needs the requester's authorization (R8): :meth:`ClusterCache.ensure` calls the
+A cache hit still needs the requester's authorization: :meth:`ClusterCache.ensure` calls the
 caller's ``authorize(manifest)`` before anything else, hit or miss. The cache records nothing secret.
 """
 
@@ -65,7 +65,7 @@ _WRITER_HEARTBEAT_S = 10.0
 _LEGACY_TEMP = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]+$")  # download temps of writers before writer dirs
 
 Authorizer = Callable[[Manifest], None]
-"""Raises if the requesting user's credentials cannot read the manifest's source (R8, P11)."""
+"""Raises if the requesting user's credentials cannot read the manifest's source."""
 
 Fetcher = Callable[[ManifestFile, Path], Path]
 """``fetch(file, tmp_dir)`` downloads one file into ``tmp_dir`` and returns the path it wrote."""
@@ -219,7 +219,7 @@ class ClusterCache:
 
     @classmethod
     def for_team(cls, base: Path, team: str, **kwargs: object) -> ClusterCache:
-        """The team namespace ``<base>/teams/<team>``; ``team`` must be a plain slug (P04)."""
+        """The team namespace ``<base>/teams/<team>``; ``team`` must be a plain slug."""
         if not _TEAM.match(team):
             raise ValueError(f"invalid team name {team!r}: lower-case letters, digits, '_', '-', '.'")
         return cls(Path(base) / "teams" / team, **kwargs)  # type: ignore[arg-type]
@@ -257,7 +257,7 @@ class ClusterCache:
         return self.layout.snapshot(manifest.manifest_id)
 
     def open_blob(self, f: ManifestFile) -> int:
-        """A read fd on ``blobs/<sha256>``: regular file only, no symlink, no FIFO (P10).
+        """A read fd on ``blobs/<sha256>``: regular file only, no symlink, no FIFO.
 
         Raises:
             FileNotFoundError: not in this tier.

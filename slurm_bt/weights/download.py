@@ -1,11 +1,11 @@
 """Verified, resumable, parallel downloads into a content-addressed directory.
 
-Publish protocol (threats-and-faults.md §5, R6, R7) for every file:
+Publish protocol for every file:
 
 1. Create a process-unique temp file beside the final name (:func:`slurm_bt.atomic.temp_name`,
    ``O_CREAT|O_EXCL|O_NOFOLLOW``) and preallocate it to the expected size.
 2. Fetch byte ranges in parallel (``part_size``, default 16 MiB, as S3 guidance and the fastest
-   clients in transfer-perf.md §1 do) and ``pwrite`` each chunk at its offset: no reassembly, no
+   clients do; bench/ compares them) and ``pwrite`` each chunk at its offset: no reassembly, no
    large buffers, one pool of kept-alive connections.
 3. Hash *behind* the writers: whichever worker completes the next part in file order takes the
    hash cursor and feeds the contiguous prefix to sha256 by ``pread`` from the page cache.
@@ -242,7 +242,7 @@ class _Transfer:
                 if not stream.partial and cur != 0:
                     if not whole:
                         raise _RangeIgnored()
-                    cur = 0  # single stream: the origin restarted from byte 0, so do we (F05)
+                    cur = 0  # single stream: the origin restarted from byte 0, so do we
                 elif not stream.partial and not whole:
                     raise _RangeIgnored()
                 while cur < end:

@@ -1,7 +1,7 @@
-"""LRU eviction as a pure plan: decide on data, then let the cache execute (style.md §2.15).
+"""LRU eviction as a pure plan: decide on data, then let the cache execute.
 
 Planning touches no filesystem, so ``--dry-run`` can print exactly what would go and tests can
-check the policy without disks. The rules (threats-and-faults.md §3.7, F11, L06):
+check the policy without disks. The rules:
 
 * never evict an entry with a live lease, nor any blob referenced by a leased or in-progress entry
   (``protected_blobs``), nor a blob still referenced by an entry that stays;

@@ -7,8 +7,8 @@ must be per job, never a host-wide mount or symlink at that path.
   at ``mount_location`` (:mod:`slurm_bt.node.job_paths`). :func:`link_job_weights` makes that path a
   symlink to the staged snapshot; ``mount(2)`` resolves a symlinked bind source, and the snapshot's
   files are hard links, so nothing points outside the bound tree. The link lives in a root-owned
-  directory, so the user cannot retarget it (P01).
-* **Host jobs.** Slurm 22.05 script hooks cannot give one job a private mount (slurm-facts.md §2),
+  directory, so the user cannot retarget it.
+* **Host jobs.** Slurm 22.05 script hooks cannot give one job a private mount (docs/footguns.md),
   so the job's command runs under bubblewrap as the unprivileged job user (:func:`bwrap_argv`): a
   new mount namespace whose root is a tmpfs with every host top-level entry bound back, each
   snapshot ``--ro-bind``-ed at its ``mount_location``, the same uid, cwd, environment and network.

@@ -1,7 +1,7 @@
 """A weak, single-flight lock for cache writers that stays correct where ``flock`` does nothing.
 
 Locks in the weights caches only *save bandwidth*: every writer still publishes through a unique temp
-name, verifies the sha256 and renames (threats-and-faults.md R7, style.md §2.13). So the lock is
+name, verifies the sha256 and renames. So the lock is
 allowed to be weak (two holders in a rare race only cost a duplicate download), but it must never
 hang a prolog and never raise on release.
 

@@ -2,11 +2,11 @@
 
 Written only by the root prolog. Every blob copied in from a cluster tier is hashed *as written*
 (:func:`~slurm_bt.weights.cache_layout.copy_and_hash`) and rejected on mismatch, so a poisoned or
-rotten cluster blob is never served (R6, P10). Because nothing but verified bytes ever lands here
+rotten cluster blob is never served. Because nothing but verified bytes ever lands here
 and users cannot write here (0444 files, 0555 snapshot dirs), a hit trusts the COMPLETE marker and
 does no hashing: it costs one lock, one small read and one lease file, whatever the model size.
 
-Concurrency on one node (several prologs at once, R3):
+Concurrency on one node (several prologs at once):
 
 * ``entry-<manifest_id>`` lock: single-flight staging of one entry, and excludes eviction of that
   entry while a hit takes its lease;
@@ -224,7 +224,7 @@ class NodeCache:
         """Make ``manifest`` ready on this node, lease it to ``job_id`` and return its snapshot.
 
         ``authorize(manifest)`` runs first, on hits too; if it raises, no lease, copy or link is
-        made and its exception propagates (R8, P11). On a miss each missing blob is copied from the
+        made and its exception propagates. On a miss each missing blob is copied from the
         first cluster tier that has it (e.g. ``[shared, team]``), hashed while written and verified;
         a blob that fails verification in one tier is tried in the next.
 
@@ -441,7 +441,7 @@ class NodeCache:
         return sorted(out)
 
     def prune_leases(self, active_job_ids: Collection[str]) -> list[tuple[str, str]]:
-        """Drop leases of jobs not in ``active_job_ids`` (their epilog never ran: node crash, E08).
+        """Drop leases of jobs not in ``active_job_ids`` (their epilog never ran: node crash).
 
         Returns:
             ``(manifest_id, job_id)`` pairs removed (ids of private entries qualified).

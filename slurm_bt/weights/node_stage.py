@@ -1,6 +1,6 @@
 """Node side of weights delivery: cluster cache → node cache → the job's read-only views.
 
-Two callers, one per privilege domain (threats-and-faults.md §3.1):
+Two callers, one per privilege domain:
 
 * **The root prolog** calls :func:`stage_for_job` on every node of the job (hooks engineer:
   ``slurm_bt.hooks.prolog``). It copies the job's blobs from the cluster cache into the root-owned
@@ -9,7 +9,7 @@ Two callers, one per privilege domain (threats-and-faults.md §3.1):
   root-owned ``jobs/<job_id>/weights.json`` saying which tier served what, in how long. The
   manifests come from the user's job dir, so the prolog reads them *as the user*
   (:func:`load_job_manifests` in a dropped child) and this function re-validates them.
-  Authorization (R8): an entry is staged only if it is complete in the requester's team tier or the
+  Authorization: an entry is staged only if it is complete in the requester's team tier or the
   shared tier; nothing reaches those without a staging job that listed the source with the
   requester's (or a teammate's) credentials, and whoever published it held the bytes anyway.
   Audience (issue #8 item 2): an entry that needed credentials is staged into the team's private

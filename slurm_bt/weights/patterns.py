@@ -1,4 +1,4 @@
-"""``allow_patterns`` / ``ignore_patterns`` with truss semantics (truss-train-api.md §4).
+"""``allow_patterns`` / ``ignore_patterns`` with truss semantics.
 
 Truss's docs call these "Unix shell-style wildcards", but its loader (truss-transfer
 ``create/filter.rs``) implements something narrower, and configs written for Baseten rely on that:

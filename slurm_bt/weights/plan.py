@@ -18,7 +18,7 @@ Deciding that needs the source's pinned file list, which only the login node can
   submission with exit 2 naming ``job.weights[i].source``; an unreachable origin is exit 1.
 
 The listing is made with the user's own credentials, which is also the authorization check for a
-cache hit (threats R8). Nothing secret is recorded: the plan holds secret *names* only.
+cache hit. Nothing secret is recorded: the plan holds secret *names* only.
 """
 
 from __future__ import annotations

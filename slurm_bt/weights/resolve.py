@@ -1,6 +1,6 @@
 """Resolve a source URI into a pinned :class:`~slurm_bt.weights.manifest.Manifest` (submit time).
 
-sha256 strategy (every manifest file must carry a *verified* sha256, threats R6):
+sha256 strategy (every manifest file must carry a *verified* sha256):
 
 * **HF LFS files**: the Hub's LFS oid *is* the sha256 of the content (``X-Linked-Etag``, the
   tree's ``lfs.oid``); it is taken from the listing, costs nothing, and every later download

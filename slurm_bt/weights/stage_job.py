@@ -9,11 +9,11 @@ byte is fetched while no GPU is held, and a source error fails *this* job with a
 Per source (``<job_dir>/weights/plan.json`` says which, pinned at submit):
 
 1. take the team tier's ``pin-<key>`` lock (single-flight: N jobs staging one source fetch it once;
-   correctness never depends on the lock, threats R7);
-2. list the source again **with the user's credentials** (the authorization check for a cache hit,
-   R8) and compare the pin key with the submit-time one: a different key means the source changed
+   correctness never depends on the lock);
+2. list the source again **with the user's credentials** (the authorization check for a cache
+   hit) and compare the pin key with the submit-time one: a different key means the source changed
    since submit (objects replaced, files added) and the job fails rather than mixing versions;
-   HF sources are listed at the pinned commit, so a moved branch changes nothing (F07);
+   HF sources are listed at the pinned commit, so a moved branch changes nothing;
 3. if the manifest is known (published sha256s, or a trusted pin record) and complete in the team
    or shared tier: a cluster hit, nothing is fetched;
 4. else fetch every missing file into ``blobs/`` through the verified download engine (parallel

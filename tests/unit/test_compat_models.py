@@ -1,4 +1,4 @@
-"""The compat models behave like truss 0.18.25 outside the loader (notes: truss-train-api.md)."""
+"""The compat models behave like truss 0.18.25 outside the loader."""
 
 from __future__ import annotations
 

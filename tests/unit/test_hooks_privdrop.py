@@ -1,4 +1,4 @@
-"""run_as_job_user: the child is the job user for good (P05), bounded in time, with a clean process."""
+"""run_as_job_user: the child is the job user for good, bounded in time, with a clean process."""
 
 from __future__ import annotations
 

@@ -361,7 +361,7 @@ def _age(path: Path, seconds: float) -> None:
 
 
 def test_prolog_sweeps_scratch_whose_epilog_never_ran_and_nothing_else(site: Site) -> None:
-    """E08: a node crash left job 901's scratch; the next prolog removes it, never an active job's."""
+    """A node crash left job 901's scratch; the next prolog removes it, never an active job's."""
     work = write_job(site, "btu1")
     assert run(site, "prolog", job_env(site, "btu1", "902", work)) == 0  # 902 runs on this node (has notes)
     root = site.scratch("x").parent

@@ -1,4 +1,4 @@
-"""fd-relative create and delete for root-owned trees (threats-and-faults.md E01-E04, P02).
+"""fd-relative create and delete for root-owned trees.
 
 The removal tests build user-owned scratch trees holding symlinks to /etc and to another user's
 directory, swap a directory for a symlink while the removal runs, use chmod 000 directories and

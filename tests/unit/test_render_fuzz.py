@@ -1,7 +1,7 @@
-"""B10: property-based mutations of a valid config, through the real loader, spec builder and renderer.
+"""Property-based mutations of a valid config, through the real loader, spec builder and renderer.
 
 Property: every mutated config either raises a ``UserError`` whose lines are one line each and name the
-config file, or renders two scripts that satisfy B09 (a) and (b) (see ``test_render_injection``); a
+config file, or renders two scripts that break the injection rules (see ``test_render_injection``); a
 smaller sample is also executed with stubs, (c) and (d). Any other exception is a traceback for a user
 mistake, i.e. a bug.
 

@@ -1,4 +1,4 @@
-"""B09: no string from the config or the submission context can inject shell syntax or ``#SBATCH`` lines.
+"""No string from the config or the submission context can inject shell syntax or ``#SBATCH`` lines.
 
 Every string that reaches the batch script or ``node_entry.sh`` is fed hostile payloads, through the
 real path where the config layer lets it through (a temporary config.py → ``load_training_project`` →

@@ -1,4 +1,4 @@
-"""allow/ignore pattern semantics (truss-train-api.md §4): only '*' is special and it matches '/'."""
+"""allow/ignore pattern semantics: only '*' is special and it matches '/'."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Source URI parsing and canonicalisation (threats B04, P13)."""
+"""Source URI parsing and canonicalisation."""
 
 from __future__ import annotations
 
