@@ -3,6 +3,12 @@
 ``push`` forwards to ``slurm_bt.push`` and imports it only when called. That keeps importing a
 config cheap (no Slurm or storage code is loaded just to read a config) and breaks the import
 cycle: the submit path imports the loader, which imports this module.
+
+Why resolved from a string and not ``from slurm_bt import push``: this module is in the
+integrations layer and ``slurm_bt.push`` reaches :mod:`slurm_bt.api`, an entry point; a plain import
+(even inside the function) is an upward import that lint-imports and
+tests/unit/test_import_layers.py reject (the loader -> public_api -> slurm_bt -> api -> submit ->
+loader cycle). The string is the shim's one late-bound call into the layer above.
 """
 
 from __future__ import annotations

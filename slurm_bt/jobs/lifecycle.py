@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_bt.errors import Problem, SlurmCommandError, UserError
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.job_ids import JobId, parse_job_id, try_parse_job_id
-from slurm_bt.slurm.sacct import SacctRow, latest_runs
+from slurm_bt.slurm.sacct import JobRow, latest_runs
 from slurm_bt.slurm.states import Lifecycle, TrainingJobStatus, lifecycle
 
 if TYPE_CHECKING:
@@ -80,9 +80,9 @@ class JobStatus:
 
     job_id: str
     lifecycle: Lifecycle | None
-    row: SacctRow | None
+    row: JobRow | None
     record: SubmissionRecord | None = None
-    staging_row: SacctRow | None = None
+    staging_row: JobRow | None = None
     members: int = 1
 
     @property
@@ -160,7 +160,7 @@ def _covers(asked: JobId, got: JobId) -> bool:
     return asked.het_offset is None or asked.het_offset == got.het_offset
 
 
-def _lifecycle_of(row: SacctRow, staging: SacctRow | None) -> Lifecycle:
+def _lifecycle_of(row: JobRow, staging: JobRow | None) -> Lifecycle:
     return lifecycle(
         row.state,
         reason=row.reason,
@@ -172,7 +172,7 @@ def _lifecycle_of(row: SacctRow, staging: SacctRow | None) -> Lifecycle:
     )
 
 
-def _fold(asked: JobId, rows: Sequence[SacctRow], staging: SacctRow | None) -> tuple[Lifecycle, SacctRow, int]:
+def _fold(asked: JobId, rows: Sequence[JobRow], staging: JobRow | None) -> tuple[Lifecycle, JobRow, int]:
     """One status for an array master id or a het job: see the module docstring."""
     exact = [r for r in rows if r.job_id == asked]
     if exact:
@@ -228,14 +228,14 @@ def query_statuses(
         rows = client.live(wanted)
     report.warnings.extend(client.last_warnings)
     rows = latest_runs(r for r in rows if not r.is_step)
-    by_base: dict[int, list[SacctRow]] = {}  # index: 1000 jobs x 1000 rows must not be 1M comparisons
+    by_base: dict[int, list[JobRow]] = {}  # index: 1000 jobs x 1000 rows must not be 1M comparisons
     for r in rows:
         by_base.setdefault(r.job_id.base, []).append(r)
 
-    def matching(asked_id: JobId) -> list[SacctRow]:
+    def matching(asked_id: JobId) -> list[JobRow]:
         return [r for r in by_base.get(asked_id.base, ()) if _covers(asked_id, r.job_id)]
 
-    def staging_row(jid: str) -> SacctRow | None:
+    def staging_row(jid: str) -> JobRow | None:
         sid = staging_ids.get(jid)
         found = matching(sid) if sid is not None else []
         return found[-1] if found else None

@@ -20,7 +20,7 @@ from typing import Any
 
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.job_ids import JobId, parse_job_id
-from slurm_bt.slurm.sacct import SacctRow, StepUsage
+from slurm_bt.slurm.sacct import JobRow, StepUsage
 from slurm_bt.units import format_bytes
 
 __all__ = ["Metrics", "bar", "collect_metrics", "render_metrics", "sparkline"]
@@ -145,7 +145,7 @@ def _step_cpu(step: StepUsage) -> float | None:
     return step.usage_tot.get("cpu", step.total_cpu_s)
 
 
-def collect_metrics(client: SlurmClient, job_id: str, row: SacctRow | None) -> Metrics:
+def collect_metrics(client: SlurmClient, job_id: str, row: JobRow | None) -> Metrics:
     """Usage of ``job_id``: one sacct call for the steps, plus one sstat call while it runs.
 
     Args:

@@ -31,7 +31,7 @@ from slurm_bt.slurm.sacct import (
     SACCT_DELIMITER,
     SACCT_FIELDS,
     SACCT_USAGE_FIELDS,
-    SacctRow,
+    JobRow,
     StepUsage,
     build_sacct_argv,
     build_sacct_usage_argv,
@@ -119,7 +119,7 @@ class SlurmClient:
         retries: int = 2,
         retry_delay_s: float = 2.0,
         squeue_fallback: bool = True,
-    ) -> list[SacctRow]:
+    ) -> list[JobRow]:
         """Status of many jobs with one ``sacct`` call, plus ``squeue`` for ids sacct lacks.
 
         Args:
@@ -146,7 +146,7 @@ class SlurmClient:
         result = self._run_with_retries(argv, retries, retry_delay_s)
         rows = parse_sacct(result.stdout, SACCT_FIELDS, delimiter=SACCT_DELIMITER)
         self._note(rows, "sacct")
-        out: list[SacctRow] = list(rows)
+        out: list[JobRow] = list(rows)
         # Index by base id: matching every asked id against every row is quadratic (1000 jobs: 1M checks).
         by_base: dict[int, list[JobId]] = {}
         for r in rows:
@@ -156,7 +156,7 @@ class SlurmClient:
             out.extend(self._squeue(missing))
         return out
 
-    def live(self, job_ids: Iterable[str | int | JobId]) -> list[SacctRow]:
+    def live(self, job_ids: Iterable[str | int | JobId]) -> list[JobRow]:
         """What slurmctld alone knows about ``job_ids`` (``squeue --states=all``), no slurmdbd.
 
         Used when sacct fails (slurmdbd down): running and pending jobs, and jobs that finished
@@ -349,7 +349,7 @@ class SlurmClient:
             self.last_warnings.append(f"{argv[0]} attempt {attempt + 1} failed: {last}")
         raise last if last is not None else SlurmCommandError(argv, -1, "not run", "retries must be >= 0")
 
-    def _squeue(self, ids: Sequence[JobId]) -> list[SacctRow]:
+    def _squeue(self, ids: Sequence[JobId]) -> list[JobRow]:
         # Ask about each job without its step: squeue knows allocations, not sacct's step rows.
         argv = build_squeue_argv(sorted({j.job for j in ids}, key=str), fmt=SQUEUE_FORMAT, all_states=True)
         try:
@@ -366,7 +366,7 @@ class SlurmClient:
         self._note(rows, "squeue")
         return [r for r in rows if any(_covers(j, r.job_id) for j in ids)]
 
-    def _note(self, rows: ParsedRows[SacctRow] | ParsedRows[StepUsage], what: str) -> None:
+    def _note(self, rows: ParsedRows[JobRow] | ParsedRows[StepUsage], what: str) -> None:
         if rows.skipped:
             self.last_warnings.append(
                 f"{what}: skipped {rows.skipped} unreadable row(s): {rows.warnings[:3]}"

@@ -5,7 +5,7 @@ usage); this module holds both directions of the grammar: the argv (:func:`build
 :func:`build_sacct_usage_argv`) and the parsers of its answer (:func:`parse_sacct`,
 :func:`parse_usage`). ``sstat`` prints the usage columns in the same ``--parsable2`` layout, so
 :mod:`slurm_bt.slurm.sstat` reuses :func:`parse_usage`; the live ``squeue`` fallback maps onto the
-same :class:`SacctRow` (:mod:`slurm_bt.slurm.squeue`).
+same :class:`JobRow` (:mod:`slurm_bt.slurm.squeue`).
 
 Only the ``-P -n --noconvert --format=...`` text form is read: it is the output that stays the same
 from 22.05 to 25.11, while ``sacct --json`` changed shape in 23.02, 23.11 and 24.05 and, on 22.05,
@@ -65,7 +65,7 @@ __all__ = [
     "SACCT_DELIMITER",
     "SACCT_FIELDS",
     "SACCT_USAGE_FIELDS",
-    "SacctRow",
+    "JobRow",
     "StepUsage",
     "build_sacct_argv",
     "build_sacct_usage_argv",
@@ -128,7 +128,7 @@ SACCT_USAGE_FIELDS: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
-class SacctRow:
+class JobRow:
     """One job (or step) as Slurm reported it; any source, same fields.
 
     Attributes:
@@ -322,7 +322,7 @@ def parse_sacct(
     *,
     delimiter: str | None = None,
     tz: tzinfo | None = None,
-) -> ParsedRows[SacctRow]:
+) -> ParsedRows[JobRow]:
     """Parse ``sacct -P -n --format=<fields>`` output. Never raises.
 
     Args:
@@ -335,7 +335,7 @@ def parse_sacct(
         Rows in sacct's order. A row with too few columns, too many (unless the last field is
         ``Comment``), or an unparsable ``JobID`` is skipped and counted.
     """
-    out = ParsedRows[SacctRow]()
+    out = ParsedRows[JobRow]()
     try:
         names = [f.strip().lower() for f in fields]
         if not names:
@@ -361,8 +361,8 @@ def parse_sacct(
     return out
 
 
-def row_from_columns(col: Mapping[str, str], tz: tzinfo | None, source: str) -> SacctRow | None:
-    """One :class:`SacctRow` from lower-case sacct column names (squeue's columns are renamed to
+def row_from_columns(col: Mapping[str, str], tz: tzinfo | None, source: str) -> JobRow | None:
+    """One :class:`JobRow` from lower-case sacct column names (squeue's columns are renamed to
     them); ``None`` when the job id cannot be read."""
     raw_id = col.get("jobid", col.get("jobidraw", ""))
     job_id = try_parse_job_id(raw_id)
@@ -376,7 +376,7 @@ def row_from_columns(col: Mapping[str, str], tz: tzinfo | None, source: str) -> 
     elapsed = int_or_none(col.get("elapsedraw", ""))
     if elapsed is None:
         elapsed = parse_elapsed(col.get("elapsed", ""))
-    return SacctRow(
+    return JobRow(
         job_id=job_id,
         state=state,
         job_id_raw=clean(col["jobidraw"]) or None if "jobidraw" in col else None,
@@ -404,13 +404,13 @@ def row_from_columns(col: Mapping[str, str], tz: tzinfo | None, source: str) -> 
     )
 
 
-def latest_runs(rows: Iterable[SacctRow]) -> list[SacctRow]:
+def latest_runs(rows: Iterable[JobRow]) -> list[JobRow]:
     """Collapse ``sacct -D`` history: keep the last row per job id, with ``restarts`` = earlier rows.
 
     sacct prints runs oldest first, so the last row of an id is the current run; the order of
     first appearance is kept.
     """
-    last: dict[JobId, SacctRow] = {}
+    last: dict[JobId, JobRow] = {}
     seen: dict[JobId, int] = {}
     for row in rows:
         seen[row.job_id] = seen.get(row.job_id, 0) + 1

@@ -2,7 +2,7 @@
 
 :class:`~slurm_bt.slurm.client.SlurmClient` runs it as the status fallback (``query`` for ids sacct
 lacks, ``live`` when slurmdbd is down); its answer maps onto the same
-:class:`~slurm_bt.slurm.sacct.SacctRow` as sacct's, so status code never asks where a row came from.
+:class:`~slurm_bt.slurm.sacct.JobRow` as sacct's, so status code never asks where a row came from.
 
 22.05 behaviour the client depends on (tests/data/sacct/2205_squeue_*): a comment prints ``(null)``
 when empty; squeue's ``Reason`` is fresher than sacct's (``DependencyNeverSatisfied`` while sacct
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from datetime import tzinfo
 
 from slurm_bt.slurm.job_ids import JobId, job_id_args
-from slurm_bt.slurm.sacct import SacctRow, row_from_columns
+from slurm_bt.slurm.sacct import JobRow, row_from_columns
 from slurm_bt.slurm.states import STATE_CODES
 from slurm_bt.slurm.values import ParsedRows
 
@@ -68,14 +68,14 @@ _SQUEUE_CODES = {
 }
 
 
-def parse_squeue(text: str, fmt: str = SQUEUE_FORMAT, *, tz: tzinfo | None = None) -> ParsedRows[SacctRow]:
+def parse_squeue(text: str, fmt: str = SQUEUE_FORMAT, *, tz: tzinfo | None = None) -> ParsedRows[JobRow]:
     """Parse ``squeue -h -o FMT`` output, where FMT is ``%x`` codes joined by ``|``. Never raises.
 
     Known codes: ``%i %A %T %t %r %N %k %j %u %U %D %P %a %Z %V %S %e %M``; others are ignored.
     ``%t`` short codes (``PD``) are expanded to long names. Put ``%k`` (comment) last so a ``|``
     inside it is repaired, as for sacct.
     """
-    out = ParsedRows[SacctRow]()
+    out = ParsedRows[JobRow]()
     try:
         specs = fmt.split("|")
         names: list[str] = []

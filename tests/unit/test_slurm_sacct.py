@@ -14,7 +14,7 @@ from slurm_bt.slurm.job_ids import JobId
 from slurm_bt.slurm.sacct import (
     SACCT_DELIMITER,
     SACCT_FIELDS,
-    SacctRow,
+    JobRow,
     build_sacct_argv,
     latest_runs,
     parse_sacct,
@@ -29,7 +29,7 @@ def text(name: str) -> str:
     return (DATA / name).read_text()
 
 
-def by_id(rows: list[SacctRow]) -> dict[str, SacctRow]:
+def by_id(rows: list[JobRow]) -> dict[str, JobRow]:
     return {str(r.job_id): r for r in rows}
 
 
@@ -211,7 +211,7 @@ def test_text_parsers_never_raise(blob: str) -> None:
         parse_sacct(blob, ["JobID", "State"]),
     ):
         assert rows.skipped >= 0
-        assert all(isinstance(r, SacctRow) for r in rows)
+        assert all(isinstance(r, JobRow) for r in rows)
 
 
 def test_parsed_rows_keep_at_most_20_reasons() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_bt.slurm.sacct import SacctRow
+from slurm_bt.slurm.sacct import JobRow
 from slurm_bt.slurm.squeue import SQUEUE_FORMAT, build_squeue_argv, parse_squeue
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sacct"
@@ -18,7 +18,7 @@ def text(name: str) -> str:
     return (DATA / name).read_text()
 
 
-def by_id(rows: list[SacctRow]) -> dict[str, SacctRow]:
+def by_id(rows: list[JobRow]) -> dict[str, JobRow]:
     return {str(r.job_id): r for r in rows}
 
 
@@ -55,4 +55,4 @@ _alphabet = st.text(alphabet=st.sampled_from(list("0123456789_[]%-+.|:,=abcdeNUK
 def test_squeue_parser_never_raises(blob: str) -> None:
     for rows in (parse_squeue(blob), parse_squeue(blob, "%i|%t|%Q|%k")):
         assert rows.skipped >= 0
-        assert all(isinstance(r, SacctRow) for r in rows)
+        assert all(isinstance(r, JobRow) for r in rows)
