@@ -37,6 +37,7 @@ from typing import Protocol
 from slurm_bt.atomic import atomic_output
 from slurm_bt.checkpoints.locations import StoreUri, parse_store_uri
 from slurm_bt.errors import StorageError, UntrustedLocation
+from slurm_bt.posix.user_files import read_fd_capped
 from slurm_bt.storage.checksums import CHUNK_BYTES, sha256_fd
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.transfer import UploadResult
@@ -459,7 +460,7 @@ class FileStore:
             with self._walk(parts[:-1], create=False, write=False) as (dirfd, owner):
                 fd = self._open_file(dirfd, parts[-1], path, owner, max_bytes=SMALL_OBJECT_MAX_BYTES)
             try:
-                data = _read_capped(fd, SMALL_OBJECT_MAX_BYTES)
+                data = read_fd_capped(fd, SMALL_OBJECT_MAX_BYTES)
             finally:
                 os.close(fd)
         except StorageError:
@@ -521,20 +522,6 @@ class FileStore:
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-def _read_capped(fd: int, max_bytes: int) -> bytes | None:
-    """All of ``fd`` (None when it holds more than ``max_bytes``: it grew after the ``fstat``)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > max_bytes:
-            return None
-        chunks.append(chunk)
 
 
 def _copy_verified(fd: int, dest: Path, *, size: int, sha256: str, uri: str) -> None:

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
-import stat
 import time
 
 from slurm_bt.errors import HookUserError
@@ -42,11 +40,10 @@ from slurm_bt.posix.safefs import (
     open_trusted_dir,
     remove_tree_at,
 )
-from slurm_bt.posix.squat_records import entry_kind, record_squat
+from slurm_bt.posix.squat_records import sidestep_squat
 
-__all__ = ["ASIDE_PREFIX", "SQUAT_ATTEMPTS", "make_user_runtime_dir", "remove_job_runtime_dir"]
+__all__ = ["SQUAT_ATTEMPTS", "make_user_runtime_dir", "remove_job_runtime_dir"]
 
-ASIDE_PREFIX = ".slurm-bt-squatted-"
 SQUAT_ATTEMPTS = 3
 SQUAT_REMOVAL_BUDGET_S = 2.0
 
@@ -74,29 +71,11 @@ def _open_root(ctx: HookContext, root: str) -> int | None:
 def _sidestep(ctx: HookContext, root_fd: int, root: str, name: str) -> None:
     """Rename a squatted ``name`` aside, remove it (bounded), record and log the squat."""
     env = ctx.env
-    try:
-        st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return  # gone meanwhile: the caller retries creating it
-    aside = f"{ASIDE_PREFIX}{env.uid}-{secrets.token_hex(8)}"
-    try:
-        os.rename(name, aside, src_dir_fd=root_fd, dst_dir_fd=root_fd)
-    except FileNotFoundError:
-        return
-    report = remove_tree_at(root_fd, aside, deadline=min(time.monotonic() + SQUAT_REMOVAL_BUDGET_S,
-                                                          ctx.deadline - 10.0))
-    action = "moved aside and removed"
-    if report.leftovers:
-        action = f"moved aside to {root}/{aside}; {len(report.leftovers)} entries could not be removed"
-    path = f"{root}/{name}"
-    ctx.log.warning(f"squatted runtime directory {path}: a {entry_kind(st.st_mode)} owned by uid {st.st_uid} "
-                    f"(mode {stat.S_IMODE(st.st_mode):04o}) where uid {env.uid}'s directory belongs; {action}")
-    ctx.notes.append(f"runtime squat by uid {st.st_uid} sidestepped")
-    try:
-        record_squat(env.node, path=path, owner_uid=st.st_uid, kind=entry_kind(st.st_mode), victim_uid=env.uid,
-                     job_id=env.job_id, action=action, state_root=ctx.state_root)
-    except OSError as exc:  # a report only: the hook log above has it
-        ctx.log.warning(f"cannot record the squat of {path}: {exc}")
+    sidestep_squat(root_fd, root, name, aside_tag=str(env.uid), what="runtime directory",
+                   why=f"where uid {env.uid}'s directory belongs", node=env.node, victim_uid=env.uid,
+                   job_id=env.job_id, state_root=ctx.state_root,
+                   removal_deadline=min(time.monotonic() + SQUAT_REMOVAL_BUDGET_S, ctx.deadline - 10.0),
+                   warn=ctx.log.warning, notes=ctx.notes, note_label="runtime")
 
 
 def make_user_runtime_dir(ctx: HookContext) -> str | None:

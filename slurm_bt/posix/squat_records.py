@@ -20,17 +20,22 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
+import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from slurm_bt.posix.job_notes import STATE_ROOT
-from slurm_bt.posix.safefs import ensure_dir_at, open_dir_at, write_file_at
+from slurm_bt.posix.safefs import ensure_dir_at, open_dir_at, remove_tree_at, write_file_at
 from slurm_bt.trusted_files import read_trusted_file
 
-__all__ = ["MAX_RECORDS", "SQUATS_DIR", "Squat", "read_squats", "record_squat"]
+__all__ = ["ASIDE_PREFIX", "MAX_RECORDS", "SQUATS_DIR", "Squat", "read_squats", "record_squat", "sidestep_squat"]
 
 SQUATS_DIR = "squats"
+ASIDE_PREFIX = ".slurm-bt-squatted-"
+"""Name prefix of a squatted entry renamed aside before it is removed."""
 MAX_RECORDS = 200
 _MAX_RECORD_BYTES = 8192
 
@@ -143,3 +148,44 @@ def read_squats(node: str, state_root: str = STATE_ROOT) -> list[Squat]:
     finally:
         with contextlib.suppress(OSError):
             os.close(rfd)
+
+
+def sidestep_squat(parent_fd: int, parent: str, name: str, *, aside_tag: str, what: str, why: str,
+                   node: str, victim_uid: int, job_id: str, state_root: str, removal_deadline: float,
+                   warn: Callable[[str], None], notes: list[str], note_label: str) -> None:
+    """Rename a squatted ``name`` aside, remove it (bounded), log and record the squat.
+
+    The one sidestep of the root hooks' squat handling (the per-user runtime directory, the weights
+    tiers): the entry is renamed to ``<ASIDE_PREFIX><aside_tag>-<random>`` in the same directory
+    first, so the real name is free at once even if removing the squatter's tree runs out of time.
+    An entry that vanished meanwhile is not an error: the caller retries creating the name.
+
+    Args:
+        what: what the name is, for the log line (``runtime directory``, ``weights tier``).
+        why: whose directory belongs there (``where uid 1001's directory belongs``).
+        removal_deadline: ``time.monotonic()`` value after which the removal stops.
+        warn: the hook log's warning writer; ``notes`` gets ``<note_label> squat by uid N sidestepped``.
+    """
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return  # gone meanwhile: the caller retries creating it
+    aside = f"{ASIDE_PREFIX}{aside_tag}-{secrets.token_hex(8)}"
+    try:
+        os.rename(name, aside, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    report = remove_tree_at(parent_fd, aside, deadline=removal_deadline)
+    action = "moved aside and removed"
+    if report.leftovers:
+        action = f"moved aside to {parent}/{aside}; {len(report.leftovers)} entries could not be removed"
+    path = f"{parent}/{name}"
+    kind = entry_kind(st.st_mode)
+    warn(f"squatted {what} {path}: a {kind} owned by uid {st.st_uid} "
+         f"(mode {stat.S_IMODE(st.st_mode):04o}) {why}; {action}")
+    notes.append(f"{note_label} squat by uid {st.st_uid} sidestepped")
+    try:
+        record_squat(node, path=path, owner_uid=st.st_uid, kind=kind, victim_uid=victim_uid,
+                     job_id=job_id, action=action, state_root=state_root)
+    except OSError as exc:  # a report only: the hook log above has it
+        warn(f"cannot record the squat of {path}: {exc}")

@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 
-__all__ = ["UnsafeFile", "open_user_file", "read_user_file"]
+__all__ = ["UnsafeFile", "open_user_file", "read_fd_capped", "read_user_file"]
 
 _MAX_SYMLINKS = 8
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -130,15 +130,24 @@ def read_user_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
     """
     fd = open_user_file(path, max_bytes=max_bytes)
     try:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
-            if not chunk:
-                return b"".join(chunks)
-            size += len(chunk)
-            if size > max_bytes:
-                raise UnsafeFile(os.fspath(path), f"grew past the {max_bytes} bytes allowed while being read")
-            chunks.append(chunk)
+        data = read_fd_capped(fd, max_bytes)
     finally:
         os.close(fd)
+    if data is None:
+        raise UnsafeFile(os.fspath(path), f"grew past the {max_bytes} bytes allowed while being read")
+    return data
+
+
+def read_fd_capped(fd: int, max_bytes: int) -> bytes | None:
+    """All of ``fd`` from its offset, or None once it holds more than ``max_bytes`` (it grew after
+    the ``fstat`` that checked its size): never more than ``max_bytes + 1`` bytes are read."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > max_bytes:
+            return None
+        chunks.append(chunk)

@@ -25,7 +25,6 @@ Every step works on directory fds (``O_NOFOLLOW``), so a symlink planted anywher
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 import time
 from collections.abc import Mapping
@@ -39,9 +38,8 @@ from slurm_bt.posix.safefs import (
     ensure_dir_at,
     open_dir_at,
     open_trusted_dir,
-    remove_tree_at,
 )
-from slurm_bt.posix.squat_records import entry_kind, record_squat
+from slurm_bt.posix.squat_records import sidestep_squat
 from slurm_bt.posix.teams import TeamError, resolve_team
 from slurm_bt.site.settings import SiteSettings, expand_path
 
@@ -81,7 +79,6 @@ class HookContext(Protocol):
 
 STAGING_COMMENT_PREFIX = "slurm-bt-staging:"
 """``weights.plan.render_staging_script`` puts ``--comment=slurm-bt-staging:<submit id>`` on staging jobs."""
-ASIDE_PREFIX = ".slurm-bt-squatted-"
 SQUAT_REMOVAL_BUDGET_S = 10.0
 _LEGACY_MODE = 0o1777  # what stagers before this module created for <cluster_cache> and teams/
 
@@ -126,26 +123,10 @@ def _adopt_or_create(ctx: HookContext, parent_fd: int, name: str, path: str) -> 
 def _sidestep(ctx: HookContext, parent_fd: int, parent: str, name: str, why: str) -> None:
     """Rename a squatted ``name`` aside, remove it (bounded), log and record the squat."""
     env = ctx.env
-    try:
-        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    aside = f"{ASIDE_PREFIX}{name}-{secrets.token_hex(6)}"
-    os.rename(name, aside, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
-    report = remove_tree_at(parent_fd, aside, deadline=min(time.monotonic() + SQUAT_REMOVAL_BUDGET_S,
-                                                            ctx.deadline - 10.0))
-    action = "moved aside and removed"
-    if report.leftovers:
-        action = f"moved aside to {parent}/{aside}; {len(report.leftovers)} entries could not be removed"
-    path = f"{parent}/{name}"
-    ctx.log.warning(f"squatted weights tier {path}: a {entry_kind(st.st_mode)} owned by uid {st.st_uid} "
-                    f"(mode {stat.S_IMODE(st.st_mode):04o}) {why}; {action}")
-    ctx.notes.append(f"weights tier squat by uid {st.st_uid} sidestepped")
-    try:
-        record_squat(env.node, path=path, owner_uid=st.st_uid, kind=entry_kind(st.st_mode), victim_uid=env.uid,
-                     job_id=env.job_id, action=action, state_root=ctx.state_root)
-    except OSError as exc:  # a report only: the hook log has it
-        ctx.log.warning(f"cannot record the squat of {path}: {exc}")
+    sidestep_squat(parent_fd, parent, name, aside_tag=name, what="weights tier", why=why, node=env.node,
+                   victim_uid=env.uid, job_id=env.job_id, state_root=ctx.state_root,
+                   removal_deadline=min(time.monotonic() + SQUAT_REMOVAL_BUDGET_S, ctx.deadline - 10.0),
+                   warn=ctx.log.warning, notes=ctx.notes, note_label="weights tier")
 
 
 def _ensure_owned(ctx: HookContext, parent_fd: int, parent: str, name: str, *, gid: int, mode: int,

@@ -21,8 +21,6 @@ import json
 import os
 import random
 import re
-import tempfile
-import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +30,7 @@ import pytest
 
 from slurm_bt.storage.checksums import git_blob_sha1
 from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cluster, submit, wait, write_job
+from tests.integration.hostile.weights_jobs import PROBE, readable_site, weights_job
 from tests.servers.corrupt_proxy import CorruptingProxy
 from tests.servers.hf_hub import FakeHub, Faults
 from tests.servers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedS3
@@ -40,27 +39,6 @@ pytestmark = pytest.mark.slurm
 
 MiB = 1 << 20
 USER = "btu1"
-
-JOB = """
-    from truss_train import WeightsSource, definitions
-    project = definitions.TrainingProject(name="hostile-verify", job=definitions.TrainingJob(
-        image=definitions.Image(base_image="python:3.11"),
-        compute=definitions.Compute(node_count=1, cpu_count=1, memory="256Mi"),
-        runtime=definitions.Runtime(start_commands=["python3 probe.py"]),
-        weights=[WeightsSource(source={source!r}, mount_location="/app/w"{auth})],
-    ))
-"""
-
-PROBE = r'''
-import hashlib, json, os
-out = {}
-for root, _, names in os.walk("/app/w"):
-    for n in names:
-        p = os.path.join(root, n)
-        out[os.path.relpath(p, "/app/w")] = hashlib.sha256(open(p, "rb").read()).hexdigest()
-print("PROBE " + json.dumps(out), flush=True)
-'''
-
 
 @pytest.fixture(scope="module")
 def proxy(seaweed: SeaweedS3) -> Iterator[CorruptingProxy]:
@@ -74,27 +52,13 @@ def proxy(seaweed: SeaweedS3) -> Iterator[CorruptingProxy]:
 @pytest.fixture(scope="module")
 def site_env(tenants: dict[str, Any], fake_hub: FakeHub, proxy: CorruptingProxy) -> Iterator[None]:
     """A site file the user can read, naming the loopback origins (jobs reach them: nodes are this host)."""
-    folder = Path(tempfile.mkdtemp(prefix="bt-verify-site-"))
-    folder.chmod(0o755)
-    site = folder / "site.toml"
-    site.write_text(textwrap.dedent(f"""
-        [weights.endpoints]
-        hf_endpoint = "{fake_hub.endpoint}"
-        s3_endpoint_url = "{proxy.endpoint}"
-        s3_addressing_style = "path"
-        """))
-    site.chmod(0o644)
-    old = os.environ.get("SLURM_BT_SITE_CONFIG")
-    os.environ["SLURM_BT_SITE_CONFIG"] = str(site)  # as_user (runuser) passes the environment on
-    try:
+    with readable_site("bt-verify-site-", f"""
+            [weights.endpoints]
+            hf_endpoint = "{fake_hub.endpoint}"
+            s3_endpoint_url = "{proxy.endpoint}"
+            s3_addressing_style = "path"
+            """):
         yield
-    finally:
-        if old is None:
-            os.environ.pop("SLURM_BT_SITE_CONFIG", None)
-        else:
-            os.environ["SLURM_BT_SITE_CONFIG"] = old
-        site.unlink()
-        folder.rmdir()
 
 
 def _team_tiers() -> Path:
@@ -133,7 +97,7 @@ def _uid() -> int:
 
 
 def _run(source: str, auth: str = "") -> tuple[str, dict[str, Any], str]:
-    config = write_job(USER, JOB.format(source=source, auth=auth), {"probe.py": PROBE})
+    config = write_job(USER, weights_job("hostile-verify", source, auth), {"probe.py": PROBE})
     node = sorted(cluster()["nodes"])[0]
     job_id = submit(USER, config, f"--nodelist={node}")
     record, logs = wait(USER, job_id, timeout_s=240)

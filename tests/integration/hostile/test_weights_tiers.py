@@ -32,7 +32,6 @@ import re
 import shutil
 import stat
 import subprocess
-import tempfile
 import textwrap
 import time
 import uuid
@@ -47,54 +46,21 @@ from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import list_selected
 from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cluster, forget_squats, wait, write_job
+from tests.integration.hostile.weights_jobs import PROBE, readable_site, weights_job
 from tests.servers.hf_hub import FakeHub, Faults
 
 pytestmark = pytest.mark.slurm
 
 MiB = 1 << 20
 
-JOB = """
-    from truss_train import WeightsSource, definitions
-    project = definitions.TrainingProject(name="hostile-tiers", job=definitions.TrainingJob(
-        image=definitions.Image(base_image="python:3.11"),
-        compute=definitions.Compute(node_count=1, cpu_count=1, memory="256Mi"),
-        runtime=definitions.Runtime(start_commands=["python3 probe.py"]),
-        weights=[WeightsSource(source={source!r}, mount_location="/app/w"{auth})],
-    ))
-"""
-
-PROBE = r'''
-import hashlib, json, os
-out = {}
-for root, _, names in os.walk("/app/w"):
-    for n in names:
-        p = os.path.join(root, n)
-        out[os.path.relpath(p, "/app/w")] = hashlib.sha256(open(p, "rb").read()).hexdigest()
-print("PROBE " + json.dumps(out), flush=True)
-'''
-
-
 @pytest.fixture(scope="module")
 def site_env(tenants: dict[str, Any], fake_hub: FakeHub) -> Iterator[None]:
     """A site file the users can read, naming the fake Hub (``as_user`` passes the environment on)."""
-    folder = Path(tempfile.mkdtemp(prefix="bt-tiers-site-"))
-    folder.chmod(0o755)
-    site = folder / "site.toml"
-    site.write_text(textwrap.dedent(f"""
-        [weights.endpoints]
-        hf_endpoint = "{fake_hub.endpoint}"
-        """))
-    site.chmod(0o644)
-    old = os.environ.get("SLURM_BT_SITE_CONFIG")
-    os.environ["SLURM_BT_SITE_CONFIG"] = str(site)
-    try:
+    with readable_site("bt-tiers-site-", f"""
+            [weights.endpoints]
+            hf_endpoint = "{fake_hub.endpoint}"
+            """):
         yield
-    finally:
-        if old is None:
-            os.environ.pop("SLURM_BT_SITE_CONFIG", None)
-        else:
-            os.environ["SLURM_BT_SITE_CONFIG"] = old
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _base() -> Path:
@@ -168,7 +134,7 @@ def test_squatted_team_dir_is_sidestepped_and_the_victims_job_runs(site_env: Non
         # btu1 (btteam1) takes the name first, wide open, and plants a "manifest" in it
         assert as_user("btu1", ["mkdir", "-m", "0777", "-p", str(victim / "manifests")]).returncode == 0
         assert as_user("btu1", ["chmod", "0777", str(victim)]).returncode == 0
-        config = write_job("btu2", JOB.format(source=f"hf://org/squat-{tag}", auth=""), {"probe.py": PROBE})
+        config = write_job("btu2", weights_job("hostile-tiers", f"hf://org/squat-{tag}", ""), {"probe.py": PROBE})
         sub = _submit_json("btu2", config, f"--nodelist={_first_node()}")
         record, logs = wait("btu2", str(sub["job_id"]), timeout_s=240)
         staging = _staging_log("btu2", str(sub["staging_job_id"])) if sub.get("staging_job_id") else ""
@@ -229,7 +195,7 @@ def test_user_created_shared_tier_is_not_trusted(site_env: None, fake_hub: FakeH
         try:
             _plant_shared(base, m)
             assert os.lstat(shared).st_uid == pwd.getpwnam("btu2").pw_uid
-            config = write_job("btu1", JOB.format(source=source, auth=""), {"probe.py": PROBE})
+            config = write_job("btu1", weights_job("hostile-tiers", source, ""), {"probe.py": PROBE})
             sub = _submit_json("btu1", config, f"--nodelist={_first_node()}")
             record, logs = wait("btu1", str(sub["job_id"]), timeout_s=240)
             assert record["current_status"] == "TRAINING_JOB_COMPLETED", (sub, record, logs)
@@ -272,7 +238,7 @@ def test_killed_stagers_temp_blob_is_collected_by_the_next_run(site_env: None, f
         size = 48 * MiB + 5
         files = {"model.safetensors": random.Random(tag).randbytes(size)}
         fake_hub.add_repo(f"Org/Killed-{tag}", files)
-        config = write_job("btu1", JOB.format(source=f"hf://org/killed-{tag}", auth=""), {"probe.py": PROBE})
+        config = write_job("btu1", weights_job("hostile-tiers", f"hf://org/killed-{tag}", ""), {"probe.py": PROBE})
         team = _base() / "teams" / "btteam1"
         with fake_hub.faults(Faults(paths={"model.safetensors"}, stall_after=4 * MiB, stall_s=90.0, times=-1)):
             first = _submit_json("btu1", config)
@@ -330,7 +296,7 @@ def test_private_weights_are_not_readable_or_reusable_by_another_team(site_env: 
         # btu1 stages the private repo with its token and reads it
         _set_secret("btu1", f"hf_priv_{tag}", token)
         auth = f", auth_secret_name='hf_priv_{tag}'"
-        config = write_job("btu1", JOB.format(source=f"hf://acme/private-{tag}", auth=auth), {"probe.py": PROBE})
+        config = write_job("btu1", weights_job("hostile-tiers", f"hf://acme/private-{tag}", auth), {"probe.py": PROBE})
         first = _submit_json("btu1", config, f"--nodelist={node}")
         record, logs = wait("btu1", str(first["job_id"]), timeout_s=240)
         assert record["current_status"] == "TRAINING_JOB_COMPLETED", (record, logs)
@@ -350,7 +316,7 @@ def test_private_weights_are_not_readable_or_reusable_by_another_team(site_env: 
 
         # btu2: a public job first (creates btteam2's tier), then the same config held, rewritten to
         # declare the private source WITHOUT credentials, with btu1's manifest and a planted marker
-        pub_config = write_job("btu2", JOB.format(source=f"hf://org/pub-{tag}", auth=""), {"probe.py": PROBE})
+        pub_config = write_job("btu2", weights_job("hostile-tiers", f"hf://org/pub-{tag}", ""), {"probe.py": PROBE})
         warm = _submit_json("btu2", pub_config, f"--nodelist={node}")
         wait("btu2", str(warm["job_id"]), timeout_s=240)
         held = _submit_json("btu2", pub_config, f"--nodelist={node}", "--hold")
