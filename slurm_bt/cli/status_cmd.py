@@ -17,6 +17,7 @@ import click
 from slurm_bt.cli import options
 from slurm_bt.cli.errors import handle_errors
 from slurm_bt.cli.options import host_options, load_records, print_json, remote_json, warn
+from slurm_bt.errors import RuntimeFailure
 
 __all__ = ["list_command", "render_table", "status_command"]
 
@@ -68,10 +69,9 @@ def _emit(rows: list[dict[str, Any]], as_json: bool) -> None:
 
 
 def _degraded_exit(error: Exception | None) -> None:
+    """After the rows are shown: exit 1 (through handle_errors) when slurmdbd did not answer."""
     if error is not None:
-        click.echo(f"slurm-bt: error: slurmdbd unreachable, showing only jobs slurmctld still holds: {error}",
-                   err=True)
-        raise SystemExit(1)
+        raise RuntimeFailure(f"slurmdbd unreachable, showing only jobs slurmctld still holds: {error}")
 
 
 def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s: float, as_json: bool,
