@@ -2,7 +2,7 @@
 
 Users leave ``slurm-bt logs --follow`` running for hours; multiplied by a cluster's users, a naive
 1 s poll is exactly the "sacct running continuously" complaint admins file against tools
-(Snakemake-Profiles/slurm#74, reframe-hpc/reframe#283; peers.md §3 #7). So:
+(Snakemake-Profiles/slurm#74, reframe-hpc/reframe#283). So:
 
 * one batched query per poll, whatever the number of jobs;
 * exponential back-off (:class:`Backoff`): start fast, because a job just submitted changes state

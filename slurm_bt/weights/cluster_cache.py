@@ -137,6 +137,19 @@ def blob_present(layout: CacheLayout, f: ManifestFile) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size == f.size
 
 
+def _tier_dir_stat(root: Path) -> tuple[os.stat_result | None, str | None]:
+    """``lstat`` of a tier directory: (its stat, None), or (None, why it is unusable, or None if absent)."""
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"cannot be checked: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return None, "is not a directory (or is a symlink)"
+    return st, None
+
+
 def shared_tier_problem(root: Path) -> str | None:
     """Why the admin-curated shared tier at ``root`` must not be used, or None (usable, or absent).
 
@@ -147,14 +160,9 @@ def shared_tier_problem(root: Path) -> str | None:
     user who creates ``<base>/shared`` before the admin does would otherwise decide what every
     job on the cluster loads.
     """
-    try:
-        st = os.lstat(root)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"cannot be checked: {exc.strerror}"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory (or is a symlink)"
+    st, problem = _tier_dir_stat(root)
+    if st is None:
+        return problem
     if st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o022:
         return f"was not created by an admin ({_describe(st)}; the shared tier must be root-owned, 0755)"
     try:
@@ -177,14 +185,9 @@ def team_tier_problem(root: Path, gid: int) -> str | None:
     with the team's group, so a directory pre-created by another user in a world-writable
     ``teams/`` (a squat) always fails this check.
     """
-    try:
-        st = os.lstat(root)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"cannot be checked: {exc.strerror}"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory (or is a symlink)"
+    st, problem = _tier_dir_stat(root)
+    if st is None:
+        return problem
     try:
         team = grp.getgrgid(gid).gr_name
     except KeyError:

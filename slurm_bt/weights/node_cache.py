@@ -26,7 +26,7 @@ shared by everyone. Space, LRU eviction, leases and temp collection cover every 
 ``evict`` lock is node-wide, in the root layout.
 
 Leases are ``leases/<manifest_id>/<job_id>`` files; the lease directory's mtime is the entry's
-last use (atime is unreliable, §3.7). The epilog calls :meth:`NodeCache.release`; leases of jobs
+last use (atime is unreliable). The epilog calls :meth:`NodeCache.release`; leases of jobs
 that died with their node are dropped by :meth:`NodeCache.prune_leases`.
 """
 
@@ -123,7 +123,7 @@ class NodeCache:
     Args:
         root: e.g. ``/nvme/slurm-bt/weights`` (root-owned, on one local filesystem).
         max_bytes: cap on blob bytes; staging evicts lease-free entries LRU to stay under it.
-        reserve_bytes: filesystem space never to use (root ignores reserved blocks, §3.7).
+        reserve_bytes: filesystem space never to use (root ignores reserved blocks).
         lock_options: lock behaviour; node disks are local, so flock works by default.
         copy_workers: blobs copied in parallel (each copy also hashes in its own thread).
         evict_lock_timeout_s: how long the evictor waits for a busy entry before skipping it.
@@ -398,14 +398,7 @@ class NodeCache:
         os.utime(d)
 
     def _remove_lease(self, mid: str, job_id: str) -> bool:
-        d = self.layout.leases / mid
-        try:
-            os.unlink(d / job_id)
-        except FileNotFoundError:
-            return False
-        with contextlib.suppress(OSError):
-            os.utime(d)
-        return True
+        return _unlink_lease(self.layout.leases / mid, job_id)
 
     def leases(self, manifest_id: str) -> list[str]:
         """Job ids holding a lease on an entry (``manifest_id`` may be qualified: ``private/<team>/<id>``)."""
@@ -425,14 +418,7 @@ class NodeCache:
 
     def _remove_qualified_lease(self, key: str, job_id: str) -> bool:
         layout, mid = self._split(key)
-        d = layout.leases / mid
-        try:
-            os.unlink(d / job_id)
-        except FileNotFoundError:
-            return False
-        with contextlib.suppress(OSError):
-            os.utime(d)
-        return True
+        return _unlink_lease(layout.leases / mid, job_id)
 
     def release(self, job_id: str) -> list[str]:
         """Drop every lease of ``job_id`` in every subtree (epilog); idempotent. Returns the ids released."""
@@ -608,3 +594,15 @@ class NodeCache:
     def _evict_lock(self) -> contextlib.AbstractContextManager[None]:
         """The node-wide ``evict`` lock (in the base layout: eviction spans every subtree)."""
         return optional_lock(self.base.lock("evict"), self.lock_options)
+
+
+def _unlink_lease(lease_dir: Path, job_id: str) -> bool:
+    """Remove ``job_id``'s lease in ``lease_dir``; True if it was there. The directory's mtime is
+    touched so that the entry's last use is when its last lease went, not when it was made."""
+    try:
+        os.unlink(lease_dir / job_id)
+    except FileNotFoundError:
+        return False
+    with contextlib.suppress(OSError):
+        os.utime(lease_dir)
+    return True

@@ -12,7 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-_NOTES = re.compile(r"threats-and-faults|slurm-facts|truss-train-api|transfer-perf\.md|\bstyle\.md|\.\./shared")
+_NOTES = re.compile(r"threats-and-faults|slurm-facts|truss-train-api|transfer-perf\.md|\bstyle\.md|\bpeers\.md"
+                    r"|\.\./shared")
 # Requirement codes: one letter of the notes' series and two digits (R also one digit). ``R2`` is
 # Cloudflare R2 and never matched; accelerator names such as ``B10`` are not in these series.
 _CODES = re.compile(r"\b(?:[EPFL]\d{2}|R(?:[13-9]|\d{2}))\b")
