@@ -5,7 +5,8 @@ job name, the staging job). Every call asks **one** batched question:
 
 * ``sacct -D`` for all asked jobs *and* their staging jobs at once (``-D`` so a requeued job shows
   "requeued n times"; :func:`~slurm_bt.slurm.sacct.latest_runs` folds the earlier runs), plus
-  ``squeue`` only for ids slurmdbd has not recorded yet (a job submitted a moment ago);
+  one ``squeue`` only for ids slurmdbd has not recorded yet (a job submitted a moment ago) and for
+  pending jobs sacct gives no reason (a requeued job on 24.11 and 26.05; the reason comes from squeue);
 * if sacct fails (slurmdbd down or unreachable), the answer degrades instead of vanishing:
   ``squeue --states=all`` still knows pending, running and recently finished jobs (``MinJobAge``),
   the report carries the sacct error, and the CLI prints it (naming slurmdbd) and exits 1.

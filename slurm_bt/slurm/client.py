@@ -12,7 +12,8 @@ and the parser of its answer) lives in the module named after it (:mod:`~slurm_b
   sbatch stores its environment with the job, so the submitter's tokens must never reach it;
 * asks one ``sacct`` for all watched jobs (never one call per job), retries it on transient
   failure (slurmdbd restarts, timeouts), and falls back to ``squeue`` for ids slurmdbd has not
-  recorded yet (a just-submitted job can be missing from sacct for a few seconds);
+  recorded yet (a just-submitted job can be missing from sacct for a few seconds) and for the
+  reason of pending jobs sacct gives none (a requeued job on 24.11 and 26.05);
 * forces ``SLURM_TIME_FORMAT=%s`` for queries, so times are epoch seconds whatever the user's
   locale or ``SLURM_TIME_FORMAT`` says, and the parser never guesses a time zone.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from slurm_bt.errors import SlurmCommandError
 from slurm_bt.slurm import sacctmgr, sbatch, scontrol
@@ -120,7 +122,8 @@ class SlurmClient:
         retry_delay_s: float = 2.0,
         squeue_fallback: bool = True,
     ) -> list[JobRow]:
-        """Status of many jobs with one ``sacct`` call, plus ``squeue`` for ids sacct lacks.
+        """Status of many jobs with one ``sacct`` call, plus one ``squeue`` for ids sacct lacks and
+        for pending jobs sacct gives no reason (their reason is taken from squeue).
 
         Args:
             job_ids: ids to ask about (``"123"``, ``"123_4"``, ``JobId``...).
@@ -128,7 +131,8 @@ class SlurmClient:
             duplicates: one row per run of requeued jobs (``-D``); see :func:`latest_runs`.
             retries: extra sacct attempts after a failure, with doubling delay.
             retry_delay_s: first delay between attempts.
-            squeue_fallback: ask squeue about ids that sacct did not return.
+            squeue_fallback: ask squeue about ids that sacct did not return, and for the reason of
+                pending jobs whose sacct row has none.
 
         Returns:
             sacct rows in sacct's order, then squeue rows for the missing ids. Ids that neither
@@ -152,8 +156,19 @@ class SlurmClient:
         for r in rows:
             by_base.setdefault(r.job_id.base, []).append(r.job_id)
         missing = [j for j in ids if not any(_covers(j, got) for got in by_base.get(j.base, ()))]
-        if missing and squeue_fallback:
-            out.extend(self._squeue(missing))
+        # 24.11 and 26.05's sacct keeps no reason for a requeued pending job (Reason=None) while squeue
+        # says BeginTime (tests/data/sacct/2411_requeue_pending_*, 2605_...; docs/slurm-releases.md).
+        # Those rows take squeue's reason, asked in the same one squeue call as the missing ids; a
+        # status whose pending jobs all have a reason (held, queued, 22.05's requeued) runs no squeue.
+        reasonless = {r.job_id for r in rows if r.state == "PENDING" and not r.reason and not r.is_step}
+        if (missing or reasonless) and squeue_fallback:
+            live = self._squeue([*missing, *reasonless])
+            reasons = {r.job_id: r.reason for r in live if r.state == "PENDING" and r.reason}
+            if reasons:
+                # -D: the earlier runs' REQUEUED rows share the id; only the pending run takes the reason.
+                out = [replace(r, reason=reasons[r.job_id])
+                       if r.state == "PENDING" and not r.reason and r.job_id in reasons else r for r in out]
+            out.extend(r for r in live if any(_covers(j, r.job_id) for j in missing))
         return out
 
     def live(self, job_ids: Iterable[str | int | JobId]) -> list[JobRow]:

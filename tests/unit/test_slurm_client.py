@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ except ModuleNotFoundError:  # `pytest` without the repo root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tests.fakes.fake_slurm import FakeSlurm, RecordedCall
 
+DATA = Path(__file__).resolve().parents[1] / "data" / "sacct"
 SCRIPT = "#!/bin/bash\n#SBATCH --job-name=train\necho hi\n"
 ENV = {
     "PATH": "/usr/bin:/bin",
@@ -331,3 +333,60 @@ def test_moved_call_sites_reach_the_fake_with_a_scrubbed_env(
     assert {c.program for c in slurm.calls} == {"scontrol", "sbatch", "sacctmgr"}
     for call in slurm.calls:
         assert call.env is not None and "HF_TOKEN" not in call.env and "SLURM_JOB_ID" not in call.env, call
+
+
+class _Recorded:
+    """A CommandRunner answering each command from a recording (tests/data/sacct/)."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, argv: Sequence[str], *, input: str | None = None, env: Mapping[str, str] | None = None,
+            timeout_s: float | None = None) -> CommandResult:
+        self.calls.append(tuple(argv))
+        return CommandResult(tuple(argv), 0, self.answers[argv[0]], "")
+
+
+@pytest.mark.parametrize("release", ["2411", "2605"])
+def test_requeued_pending_job_takes_its_reason_from_squeue(release: str) -> None:
+    # Recorded on each release's dev cluster (tests/data/sacct/README.md): job 186 (26.05) / its 24.11
+    # twin, requeued while running. sacct says PENDING with Reason=None, squeue says BeginTime.
+    sacct = (DATA / f"{release}_requeue_pending_client.txt").read_text()
+    squeue = (DATA / f"{release}_requeue_pending_squeue.txt").read_text()
+    job = sacct.split("\x1f", 1)[0]
+    runner = _Recorded({"sacct": sacct, "squeue": squeue})
+    client = SlurmClient(runner, environ=ENV, sleep=lambda s: None)
+    rows = client.query([job], duplicates=True)
+    assert [(r.state, r.reason) for r in rows] == [("REQUEUED", ""), ("PENDING", "BeginTime")]
+    assert [c[0] for c in runner.calls] == ["sacct", "squeue"]  # one squeue, for the reasonless job only
+    assert runner.calls[1][-1] == f"--jobs={job}"
+    (current,) = latest_runs(rows)
+    life = lifecycle(current.state, reason=current.reason, restarts=current.restarts)
+    assert life.detail == "PENDING (BeginTime); requeued 1 time"
+
+
+def test_pending_jobs_with_a_reason_ask_no_squeue(slurm: FakeSlurm, client: SlurmClient) -> None:
+    # 22.05's sacct keeps the requeued job's BeginTime, and held or queued jobs have a reason on every
+    # release: the status stays one sacct call (bench/status_bench.py's held jobs).
+    held, requeued = client.submit(SCRIPT), client.submit(SCRIPT)
+    slurm.set_state(requeued, "RUNNING")
+    slurm.requeue(requeued)
+    rows = latest_runs(client.query([held, requeued], duplicates=True))
+    assert [(r.state, bool(r.reason)) for r in rows] == [("PENDING", True), ("PENDING", True)]
+    assert slurm.calls_to("squeue") == []
+
+
+def test_reasonless_pending_job_and_missing_id_share_one_squeue() -> None:
+    sacct = (DATA / "2605_requeue_pending_client.txt").read_text()
+    squeue = (DATA / "2605_requeue_pending_squeue.txt").read_text()
+    fresh = "186|PENDING|BeginTime||rec-requeue|root|1|(null)\n".replace("186", "187", 1)
+    runner = _Recorded({"sacct": sacct, "squeue": squeue + fresh.replace("BeginTime", "Priority")})
+    client = SlurmClient(runner, environ=ENV, sleep=lambda s: None)
+    rows = client.query(["186", "187"], duplicates=True)
+    assert [(str(r.job_id), r.state, r.reason, r.source) for r in rows] == [
+        ("186", "REQUEUED", "", "sacct"),
+        ("186", "PENDING", "BeginTime", "sacct"),
+        ("187", "PENDING", "Priority", "squeue"),
+    ]
+    assert [c[0] for c in runner.calls] == ["sacct", "squeue"] and runner.calls[1][-1] == "--jobs=186,187"
