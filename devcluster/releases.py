@@ -2,11 +2,14 @@
 """slurm-bt release roots: the dev cluster and the integration suite on other Debian releases' Slurm.
 
     releases.py build SUITE            build (or refresh) the root of SUITE (trixie = Slurm 24.11, sid = 26.05)
-    releases.py test SUITE [--allow-known-gaps] [PYTEST ARGS...]
+    releases.py test SUITE [--allow-known-gaps] [--timeout=SECONDS] [PYTEST ARGS...]
                                        build if needed, then inside the root's own namespaces: devcluster up,
-                                       pytest (default: tests/integration), devcluster down.
+                                       pytest (default: tests/integration), devcluster down. PYTEST ARGS
+                                       pick tests as on pytest's command line (paths, node ids, -k, -x).
                                        --allow-known-gaps: exit 0 when every failed test is listed for the
                                        release in docs/slurm-releases.md (any other failure still fails)
+                                       --timeout: stop the namespace and exit 124 after SECONDS (default
+                                       2700); .ci/run passes its phase limit minus a minute
     releases.py shell SUITE [CMD...]   run CMD (default: bash) inside the root's namespaces (debugging)
 
 Standalone, stdlib only, run as root with /usr/bin/python3. Roots are cached under $BT_RELEASES_DIR
@@ -280,7 +283,8 @@ def known_gaps(suite: str) -> set[str]:
     return gaps
 
 
-def test(suite: str, pytest_args: list[str], allow_known_gaps: bool = False) -> int:
+def test(suite: str, pytest_args: list[str], allow_known_gaps: bool = False,
+         timeout_s: float = TEST_TIMEOUT_S) -> int:
     root = build(suite)
     args = pytest_args or ["tests/integration"]
     dc = f"{REPO}/devcluster/devcluster.py"
@@ -288,9 +292,17 @@ def test(suite: str, pytest_args: list[str], allow_known_gaps: bool = False) -> 
     # One shell line so that `down` runs whatever pytest returned; the runner stops the rest by PID.
     quoted = " ".join(_q(a) for a in args)
     # Jobs still queued or running at the end are cancelled (their epilogs run) before `down`: slurmctld's
-    # state stays in the cached root, and would otherwise restart them in the next run's cluster.
+    # state stays in the cached root, and would otherwise restart them in the next run's cluster. A run
+    # stopped by its timeout gets no such end, so jobs found right after `up` (no test has submitted
+    # any yet) are a stopped run's leftovers and are cancelled too.
     script = f"""set -u
 /usr/bin/python3 {dc} up || exit 90
+stale=$(squeue -h -o %A)
+if [ -n "$stale" ]; then
+  echo "releases: cancelling jobs left by an earlier run: $(echo $stale)"
+  scancel $stale
+  for _ in $(seq 60); do [ -z "$(squeue -h -o %A)" ] && break; sleep 1; done
+fi
 {py} -u -m pytest -q -p no:cacheprovider {quoted}
 rc=$?
 jobs=$(squeue -h -o %A)
@@ -308,15 +320,15 @@ exit $rc
     proc = subprocess.Popen(enter_argv(root, True, ["bash", "-c", script]), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
     assert proc.stdout is not None
-    deadline = time.monotonic() + TEST_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
 
     def on_timeout() -> None:
         # --kill-child: unshare's child (our PID 1 inside) dies with it, and with it the whole namespace.
         if proc.poll() is None:
-            print(f"releases: {suite}: timed out after {TEST_TIMEOUT_S}s; stopping", flush=True)
+            print(f"releases: {suite}: timed out after {timeout_s:.0f}s; stopping", flush=True)
             proc.kill()
 
-    timer = threading.Timer(TEST_TIMEOUT_S, on_timeout)
+    timer = threading.Timer(timeout_s, on_timeout)
     timer.start()
     try:
         for line in proc.stdout:
@@ -368,7 +380,15 @@ def main(argv: list[str]) -> int:
     if argv[1] == "test":
         rest = argv[3:]
         allow = "--allow-known-gaps" in rest
-        return test(suite, [a for a in rest if a != "--allow-known-gaps"], allow)
+        timeout_s: float = TEST_TIMEOUT_S
+        for a in rest:
+            if a.startswith("--timeout="):
+                try:
+                    timeout_s = float(a.split("=", 1)[1])
+                except ValueError:
+                    raise SystemExit(f"releases: --timeout needs seconds, not {a!r}") from None
+        ours = [a for a in rest if a == "--allow-known-gaps" or a.startswith("--timeout=")]
+        return test(suite, [a for a in rest if a not in ours], allow, timeout_s)
     return shell(suite, argv[3:])
 
 
