@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.atomic import fsync_dir, write_file_atomic
-from slurm_bt.checkpoints.locations import handoff_root, host_checkpoint_dir, is_shared_fs
+from slurm_bt.checkpoints.locations import handoff_root, host_checkpoint_dir, is_shared_fs, scratch_checkpoint_dir
 from slurm_bt.checkpoints.scan import CompletionTracker
 from slurm_bt.checkpoints.store import credentials_for, open_store, team_gid
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader
@@ -136,7 +136,7 @@ def _scratch_checkpoints(env: Mapping[str, str], job_id: str, node: str | None, 
     except (KeyError, ValueError):
         home, uid = "", -1
     root = expand_path(site.storage.scratch, user=user, uid=uid, home=home, node=node)
-    return Path(root) / job_id / "mnt" / "checkpoints"
+    return Path(scratch_checkpoint_dir(root, job_id))
 
 
 def _locate(env: Mapping[str, str], job_id: str, node: str | None,

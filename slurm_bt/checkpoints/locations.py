@@ -27,12 +27,14 @@ from urllib.parse import parse_qsl, urlsplit
 
 from slurm_bt.errors import StorageError
 from slurm_bt.job_spec import JobSpec
-from slurm_bt.node.job_paths import job_layout
+from slurm_bt.node.job_paths import CHECKPOINT_REL, HANDOFF_RECORDS_DIR, job_layout
 from slurm_bt.posix.mountinfo import MOUNTINFO, filesystem_type
 from slurm_bt.site.settings import expand_path
 
 __all__ = [
     "CHECKPOINT_NAME",
+    "CHECKPOINT_REL",
+    "HANDOFF_RECORDS_DIR",
     "MARKER_NAMES",
     "StoreUri",
     "checkpoint_key",
@@ -44,6 +46,7 @@ __all__ = [
     "job_prefix",
     "parse_store_uri",
     "rank_index_key",
+    "scratch_checkpoint_dir",
     "valid_checkpoint_name",
 ]
 
@@ -164,6 +167,16 @@ def host_checkpoint_dir(spec: JobSpec, job_id: str, node: str | None) -> str | N
     if not spec.checkpointing.enabled:
         return None
     return job_layout(spec, job_id=job_id, node=node).host_path("BT_CHECKPOINT_DIR")
+
+
+def scratch_checkpoint_dir(scratch_root: str, job_id: str) -> str:
+    """``<scratch root>/<job id>/mnt/checkpoints``: the host checkpoint dir a job gets when it names none.
+
+    The epilog's flush looks here first (from site settings only, never from the job's world), and
+    the epilog keeps this subtree when the upload is not confirmed. The relative part is
+    :data:`CHECKPOINT_REL` (``slurm_bt.node.job_paths``, which builds it for the prepare step).
+    """
+    return "/".join((scratch_root.rstrip("/"), job_id, *CHECKPOINT_REL))
 
 
 def handoff_root(spec_storage: dict[str, str], node: str | None) -> str:

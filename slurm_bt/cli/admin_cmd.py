@@ -347,7 +347,9 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
             if free_mib < settings.scratch_min_free_mib:
                 checks.append(Check(f"scratch space on {node}", False, f"{free_mib} MiB free < "
                                     f"{settings.scratch_min_free_mib} MiB", "free space on the node-local disk"))
-            handoff = Path(scratch) / ".slurm-bt-handoff"
+            from slurm_bt.checkpoints.locations import HANDOFF_RECORDS_DIR
+
+            handoff = Path(scratch) / HANDOFF_RECORDS_DIR
             if handoff.is_dir() and (pending := sorted(handoff.glob("*.json"))):
                 checks.append(Check(f"checkpoint hand-offs on {node}", False, f"{len(pending)} job(s) left "
                                     f"checkpoints that were not confirmed uploaded: {handoff}",

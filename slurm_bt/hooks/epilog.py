@@ -34,12 +34,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from slurm_bt.checkpoints.locations import CHECKPOINT_REL, HANDOFF_RECORDS_DIR
 from slurm_bt.errors import NodeFault
 from slurm_bt.hooks.runner import run_hook
 from slurm_bt.jobhost.context import HookContext
 from slurm_bt.jobhost.leftovers import end_leftover_processes, mark_job_ending, other_jobs_of_user, summary
 from slurm_bt.jobhost.runtime_dirs import remove_job_runtime_dir
-from slurm_bt.jobhost.stale_sweep import HANDOFF_DIR
 from slurm_bt.posix.job_notes import STATE_ROOT, JobStateDir
 from slurm_bt.posix.mountinfo import mount_points_below
 from slurm_bt.posix.privdrop import ChildError, run_in_child
@@ -53,10 +53,9 @@ from slurm_bt.posix.safefs import (
 )
 from slurm_bt.site.settings import SiteSettings, expand_path
 
-__all__ = ["CHECKPOINT_REL", "HANDOFF_DIR", "PROCESS_BUDGET_S", "bounded_call", "checkpoint_flush", "end_processes",
+__all__ = ["PROCESS_BUDGET_S", "bounded_call", "checkpoint_flush", "end_processes",
            "epilog_body", "main", "node_cache_lru", "node_cache_release", "remove_scratch"]
 
-CHECKPOINT_REL = ("mnt", "checkpoints")
 PROCESS_BUDGET_S = 10.0
 """At most this much of the epilog ends leftover processes (SIGTERM grace, then SIGKILL rounds)."""
 
@@ -81,9 +80,9 @@ def _has_checkpoints(root_fd: int, job_id: str) -> bool:
 def _write_handoff(ctx: HookContext, root_fd: int, root: str, kept: list[str]) -> None:
     env = ctx.env
     try:
-        hfd, _ = ensure_dir_at(root_fd, HANDOFF_DIR, uid=0, gid=0, mode=0o755)
+        hfd, _ = ensure_dir_at(root_fd, HANDOFF_RECORDS_DIR, uid=0, gid=0, mode=0o755)
     except UnsafeEntry as exc:
-        ctx.log.error(f"hand-off directory {root}/{HANDOFF_DIR} {exc.reason}; not recording hand-off")
+        ctx.log.error(f"hand-off directory {root}/{HANDOFF_RECORDS_DIR} {exc.reason}; not recording hand-off")
         return
     try:
         body = {"job_id": env.job_id, "user": env.user, "uid": env.uid, "node": env.node,

@@ -35,13 +35,11 @@ import stat
 import time
 
 from slurm_bt.jobhost.context import HookContext
+from slurm_bt.node.job_paths import HANDOFF_RECORDS_DIR
 from slurm_bt.posix.mountinfo import mount_points_below
 from slurm_bt.posix.safefs import remove_tree_at
 
-__all__ = ["HANDOFF_DIR", "sweep_stale_runtime", "sweep_stale_scratch"]
-
-#: Where the epilog records scratch it kept for a checkpoint hand-off (one ``<job id>.json`` each).
-HANDOFF_DIR = ".slurm-bt-handoff"
+__all__ = ["sweep_stale_runtime", "sweep_stale_scratch"]
 
 #: Most of a prolog's time belongs to the job it prepares: the sweep gets at most this much.
 SWEEP_BUDGET_S = 5.0
@@ -68,7 +66,7 @@ def sweep_stale_scratch(ctx: HookContext, root_fd: int, root: str) -> list[str]:
         return []
     active = _names(f"{ctx.state_root}/{ctx.env.node}/jobs")
     now = time.time()
-    records = f"{root}/{HANDOFF_DIR}"
+    records = f"{root}/{HANDOFF_RECORDS_DIR}"
     # Kept checkpoints are bounded like the hand-off area's (hooks.toml [handoff] max_age_s): a
     # hand-off that never completes must not hold the job's data on the node for ever.
     expired = {n.removesuffix(".json") for n in _names(records)

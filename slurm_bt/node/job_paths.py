@@ -19,11 +19,21 @@ from dataclasses import dataclass
 from slurm_bt.job_spec import JobSpec, slugify
 from slurm_bt.site.settings import expand_path
 
-__all__ = ["RUNTIME_PREFIX", "BindMount", "JobLayout", "job_layout", "runtime_dir", "user_runtime_dir"]
+__all__ = ["CHECKPOINT_REL", "HANDOFF_RECORDS_DIR", "RUNTIME_PREFIX", "BindMount", "JobLayout", "job_layout",
+           "runtime_dir", "user_runtime_dir"]
 
 BASETEN_WORKDIR = "/b10/workspace"
 RUNTIME_PREFIX = "slurm-bt-"
 """``<runtime root>/slurm-bt-<uid>``: each user's directory of per-job runtime dirs."""
+CHECKPOINT_REL = ("mnt", "checkpoints")
+"""The per-job host checkpoint dir, relative to ``<scratch root>/<job id>``.
+
+Spelled here because :func:`job_layout` builds it; ``slurm_bt.checkpoints.locations`` derives every
+other use (the flush, the epilog's keep-on-removal) from it, so the parts never disagree.
+"""
+HANDOFF_RECORDS_DIR = ".slurm-bt-handoff"
+"""Where the epilog records scratch it kept for a checkpoint hand-off, under the scratch root
+(one ``<job id>.json`` each); read by the stale-scratch sweep and ``admin doctor``."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +115,7 @@ def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | N
 
     in_container = spec.container_runtime != "none"
     scratch = f"{root('scratch')}/{job_id}"
-    mnt = f"{scratch}/mnt"
+    mnt = f"{scratch}/{CHECKPOINT_REL[0]}"
     make_dirs: list[str] = [scratch]
     links: list[tuple[str, str]] = []
     env: list[tuple[str, str]] = [("BT_SCRATCH_DIR", scratch)]
@@ -123,7 +133,7 @@ def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | N
         env.append(("BT_WORKING_DIR", workdir))
 
     if spec.checkpointing.enabled:
-        host = f"{mnt}/checkpoints"
+        host = f"{scratch}/{'/'.join(CHECKPOINT_REL)}"
         target = spec.checkpointing.checkpoint_path
         if in_container and target:
             binds.append(BindMount(host, target))
