@@ -3,40 +3,31 @@
 Why one module: the uploader (node), the flush (epilog), the resolver (login node) and the CLI must
 agree on where a checkpoint lives in the store and on the node, so the rules live here once.
 
-Store URI (``storage.checkpoint_store`` in the site config)::
+Store URI (``storage.checkpoint_store`` in the site config), parsed by
+:func:`slurm_bt.storage.url.parse_store_url` (the one URL parser; the query options are listed there)::
 
     file:///shared/checkpoints
     s3://bucket/prefix?endpoint_url=http://127.0.0.1:8333&region=us-east-1&secret=ckpt-store
     r2://<account_id>.<bucket>/prefix?secret=ckpt-store
     gs://bucket/prefix?secret=ckpt-store-gcs&endpoint_url=http://127.0.0.1:4443
-
-Query options (all optional): ``endpoint_url``, ``region``, ``addressing_style`` (``path`` |
-``virtual`` | ``auto``), ``secret`` (name of the entry in each *user's* secret store that holds the
-credentials), ``service_credentials`` (root-owned JSON file, read only by root hooks),
-``part_checksum`` (``crc32c`` | ``crc32`` | ``sha256``), ``checksum_when_required`` (``1`` for
-S3-alikes that reject SDK-default checksums), ``part_size_mib``, ``concurrency``.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Literal
-from urllib.parse import parse_qsl, urlsplit
 
-from slurm_bt.errors import StorageError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.job_paths import CHECKPOINT_REL, HANDOFF_RECORDS_DIR, job_layout
 from slurm_bt.posix.mountinfo import MOUNTINFO, filesystem_type
 from slurm_bt.site.settings import expand_path
+from slurm_bt.storage.url import StoreUrl, parse_store_url
 
 __all__ = [
     "CHECKPOINT_NAME",
     "CHECKPOINT_REL",
     "HANDOFF_RECORDS_DIR",
     "MARKER_NAMES",
-    "StoreUri",
     "checkpoint_key",
     "file_key",
     "handoff_root",
@@ -60,8 +51,6 @@ and copy tools keep work in progress.
 MARKER_NAMES = (".complete", "COMPLETE")
 """Files whose presence at the top of a checkpoint directory declares it complete (never uploaded)."""
 
-_OPTION_KEYS = {"endpoint_url", "region", "addressing_style", "secret", "service_credentials",
-                "part_checksum", "checksum_when_required", "part_size_mib", "concurrency"}
 _IN_PROGRESS = re.compile(r"(^tmp[-_.]|[-_.](tmp|partial|inprogress|incomplete)$)", re.IGNORECASE)
 
 
@@ -70,67 +59,13 @@ def valid_checkpoint_name(name: str) -> bool:
     return bool(CHECKPOINT_NAME.fullmatch(name)) and not _IN_PROGRESS.search(name) and ".." not in name
 
 
-@dataclass(frozen=True)
-class StoreUri:
-    """A parsed checkpoint-store URI.
-
-    Attributes:
-        scheme: ``file``, ``s3``, ``r2`` or ``gs``.
-        bucket: bucket name (object stores) or ``""`` for ``file``.
-        prefix: key prefix without leading or trailing slash (object stores), or the absolute
-            directory for ``file``.
-        account: R2 account id (``r2://<account>.<bucket>``), else ``None``.
-        options: the query options (see the module docstring).
-    """
-
-    scheme: Literal["file", "s3", "r2", "gs"]
-    bucket: str
-    prefix: str
-    account: str | None = None
-    options: dict[str, str] = field(default_factory=dict)
-
-    def display(self) -> str:
-        """The URI without query options (they may name secrets or files; never shown to users)."""
-        if self.scheme == "file":
-            return f"file://{self.prefix}"
-        host = f"{self.account}.{self.bucket}" if self.account else self.bucket
-        return f"{self.scheme}://{host}/{self.prefix}".rstrip("/")
-
-    def key(self, *parts: str) -> str:
-        """Join ``parts`` under the prefix (object stores) or the root directory (``file``)."""
-        joined = "/".join(p.strip("/") for p in parts if p)
-        if self.scheme == "file":
-            return f"{self.prefix.rstrip('/')}/{joined}" if joined else self.prefix
-        return f"{self.prefix}/{joined}" if self.prefix else joined
-
-
-def parse_store_uri(uri: str) -> StoreUri:
-    """Parse ``storage.checkpoint_store``.
+def parse_store_uri(uri: str) -> StoreUrl:
+    """Parse ``storage.checkpoint_store`` (:func:`slurm_bt.storage.url.parse_store_url`).
 
     Raises:
         StorageError: unknown scheme or option, relative ``file`` path, ``..`` anywhere.
     """
-    parts = urlsplit(uri)
-    scheme = parts.scheme
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    unknown = sorted(set(options) - _OPTION_KEYS)
-    if unknown:
-        raise StorageError(uri.split("?")[0], f"unknown checkpoint store option(s): {', '.join(unknown)}")
-    path = parts.path
-    if ".." in path.split("/"):
-        raise StorageError(uri.split("?")[0], "checkpoint store path must not contain '..'")
-    if scheme == "file":
-        if parts.netloc not in ("", "localhost") or not path.startswith("/"):
-            raise StorageError(uri, "file:// checkpoint store must be an absolute path (file:///dir)")
-        return StoreUri("file", "", path.rstrip("/") or "/", None, options)
-    if scheme not in ("s3", "r2", "gs") or not parts.netloc:
-        raise StorageError(uri.split("?")[0], "checkpoint store must be file://, s3://, r2:// or gs:// with a bucket")
-    bucket, account = parts.netloc, None
-    if scheme == "r2":
-        account, dot, bucket = parts.netloc.partition(".")
-        if not dot or not account or not bucket:
-            raise StorageError(uri.split("?")[0], "r2 checkpoint store must be r2://<account_id>.<bucket>/prefix")
-    return StoreUri(scheme, bucket, path.strip("/"), account, options)  # type: ignore[arg-type]
+    return parse_store_url(uri)
 
 
 def job_prefix(project_id: str, job_id: str) -> str:

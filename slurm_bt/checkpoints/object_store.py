@@ -12,21 +12,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from slurm_bt.checkpoints.locations import StoreUri
 from slurm_bt.errors import StorageError
 from slurm_bt.storage.base import TransportOptions
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.storage.registry import open_backend
 from slurm_bt.storage.transfer import UploadOptions, UploadResult, download_to
-from slurm_bt.storage.url import StorageUrl
+from slurm_bt.storage.url import StoreUrl
 
 __all__ = ["ObjectStore", "store_endpoints"]
 
 _MiB = 1024 * 1024
 
 
-def store_endpoints(uri: StoreUri) -> StorageEndpoints:
+def store_endpoints(uri: StoreUrl) -> StorageEndpoints:
     """The storage endpoints a checkpoint-store URI's options name (``endpoint_url``, ``region``, ...)."""
     opts = uri.options
     endpoint = opts.get("endpoint_url")
@@ -49,7 +48,7 @@ def store_endpoints(uri: StoreUri) -> StorageEndpoints:
 class ObjectStore:
     """A checkpoint store in a bucket under a prefix (the :class:`~slurm_bt.checkpoints.store.CheckpointStore` API)."""
 
-    def __init__(self, uri: StoreUri, *, credentials: Credentials | None) -> None:
+    def __init__(self, uri: StoreUrl, *, credentials: Credentials | None) -> None:
         """Open the storage backend for ``uri``; no request is made yet.
 
         Raises:
@@ -59,7 +58,7 @@ class ObjectStore:
         opts = uri.options
         self.part_size = int(opts.get("part_size_mib", "64")) * _MiB
         self.concurrency = max(1, int(opts.get("concurrency", "8")))
-        self.url = StorageUrl(uri.scheme, uri.bucket, uri.prefix, account=uri.account)
+        self.url = uri.url
         if credentials is None and not (uri.scheme == "gs" and opts.get("endpoint_url")):
             # No secret and no service credentials: the SDK's default chain, as root-configured
             # stores on cloud nodes expect (docs/checkpoints.md); a gs:// emulator is anonymous.

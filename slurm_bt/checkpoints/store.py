@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Protocol
 
 from slurm_bt.atomic import atomic_output
-from slurm_bt.checkpoints.locations import StoreUri, parse_store_uri
+from slurm_bt.checkpoints.locations import parse_store_uri
 from slurm_bt.errors import StorageError, UntrustedLocation
 from slurm_bt.posix.user_files import read_fd_capped
 from slurm_bt.storage.checksums import CHUNK_BYTES, sha256_fd
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.transfer import UploadResult
+from slurm_bt.storage.url import StoreUrl
 from slurm_bt.trusted_files import describe_owner, is_team_dir
 
 __all__ = [
@@ -58,7 +59,7 @@ __all__ = [
 class CheckpointStore(Protocol):
     """What the checkpoint code needs from a store. Keys are ``/``-separated, relative to the URI."""
 
-    uri: StoreUri
+    uri: StoreUrl
 
     def upload_file(self, fd: int, size: int, key: str, *, expect_sha256: str | None = None) -> UploadResult:
         """Send ``size`` bytes of the open file ``fd`` to ``key``; skip when already identical."""
@@ -160,7 +161,7 @@ class FileStore:
     job directory) is checked by the reader (:mod:`.resolve`) through :meth:`job_owner`.
     """
 
-    def __init__(self, uri: StoreUri, *, gid: int | None = None) -> None:
+    def __init__(self, uri: StoreUrl, *, gid: int | None = None) -> None:
         """Open the store at ``uri.prefix``; creates the root (``1777``) on the first write when missing."""
         self.uri = uri
         self.root = Path(uri.prefix)
@@ -550,7 +551,7 @@ def _copy_verified(fd: int, dest: Path, *, size: int, sha256: str, uri: str) -> 
                                  expected=f"{sha256} ({size} bytes)", actual=f"{h.hexdigest()} ({offset} bytes)")
 
 
-def credentials_for(uri: StoreUri, secret_store_root: str | None) -> Credentials | None:
+def credentials_for(uri: StoreUrl, secret_store_root: str | None) -> Credentials | None:
     """The credentials the *current process* may use for ``uri``.
 
     Order: ``service_credentials`` (only when running as root: a root-owned 0600 JSON file; used by
@@ -585,7 +586,7 @@ def credentials_for(uri: StoreUri, secret_store_root: str | None) -> Credentials
     return None
 
 
-def _parse_credentials(uri: StoreUri, raw: str, what: str) -> Credentials:
+def _parse_credentials(uri: StoreUrl, raw: str, what: str) -> Credentials:
     try:
         data = json.loads(raw)
     except ValueError:
@@ -616,7 +617,7 @@ def check_upload_location(store_uri: str, project_id: str, job_id: str, *, accou
         FileStore(uri, gid=team_gid(account)).check_upload_location(project_id, job_id)
 
 
-def open_store(uri: str | StoreUri, *, credentials: Credentials | None = None,
+def open_store(uri: str | StoreUrl, *, credentials: Credentials | None = None,
                gid: int | None = None) -> CheckpointStore:
     """Open the store named by ``uri`` (an object store's client library is imported here, lazily).
 

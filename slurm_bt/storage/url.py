@@ -14,6 +14,9 @@ Accepted forms (weights sources and checkpoint stores share them; docs/storage.m
 ``file:///absolute/dir``                       a local or shared directory
 =============================================  ================================================
 
+Checkpoint stores (``storage.checkpoint_store``) are read by :func:`parse_store_url`: the
+``file``, ``s3``, ``r2`` and ``gs`` forms above plus query options (see :data:`STORE_OPTIONS`).
+
 Canonicalisation (cache keys derive from :attr:`StorageUrl.canonical`): schemes are lower-case
 and case-sensitive; object prefixes are directories (``s3://b/p/`` = ``s3://b/p``, and ``p`` never
 matches ``p-2/``); no key is silently rewritten: empty, ``.`` and ``..`` segments, ``%`` escapes and
@@ -24,19 +27,24 @@ control characters are refused, and nothing is percent-decoded, so ``%2e%2e`` ca
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import parse_qsl, urlsplit
 
-from slurm_bt.errors import Problem, SourceSpecError
+from slurm_bt.errors import Problem, SourceSpecError, StorageError
 
 __all__ = [
     "OBJECT_SCHEMES",
     "SCHEMES",
+    "STORE_OPTIONS",
+    "STORE_SCHEMES",
     "WEIGHT_SCHEMES",
     "Scheme",
     "StorageUrl",
+    "StoreUrl",
     "is_commit",
     "parse_source_uri",
+    "parse_store_url",
     "parse_url",
     "safe_relative_path",
 ]
@@ -254,3 +262,96 @@ def parse_source_uri(source: str) -> StorageUrl:
     if source.startswith("http://"):
         raise _fail(source, "plain http:// is not accepted (no integrity in transit); use https://")
     return parse_url(source, allowed=WEIGHT_SCHEMES)
+
+
+STORE_SCHEMES: frozenset[str] = frozenset({"file", "s3", "r2", "gs"})
+"""Schemes a checkpoint store may use."""
+STORE_OPTIONS: frozenset[str] = frozenset({
+    "endpoint_url", "region", "addressing_style", "secret", "service_credentials", "part_checksum",
+    "checksum_when_required", "part_size_mib", "concurrency"})
+"""Query options of a checkpoint-store URL, all optional: ``endpoint_url``, ``region``,
+``addressing_style`` (``path`` | ``virtual`` | ``auto``), ``secret`` (name of the entry in each
+*user's* secret store that holds the credentials), ``service_credentials`` (root-owned JSON file, read
+only by root hooks), ``part_checksum`` (``crc32c`` | ``crc32`` | ``sha256``),
+``checksum_when_required`` (``1`` for S3-alikes that reject SDK-default checksums), ``part_size_mib``,
+``concurrency``."""
+
+
+@dataclass(frozen=True)
+class StoreUrl:
+    """A parsed checkpoint-store URL: where (:attr:`url`) and how (the query :attr:`options`).
+
+    Attributes:
+        url: the location; ``container`` is the bucket (``""`` for ``file``), ``prefix`` the key
+            prefix without leading or trailing slash, or the absolute directory for ``file``.
+        options: the query options (:data:`STORE_OPTIONS`); they may name secrets or files, so they
+            are never part of :meth:`display`.
+    """
+
+    url: StorageUrl
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def scheme(self) -> Literal["file", "s3", "r2", "gs"]:
+        """``file``, ``s3``, ``r2`` or ``gs``."""
+        return self.url.scheme  # type: ignore[return-value]
+
+    @property
+    def bucket(self) -> str:
+        """The bucket name, or ``""`` for ``file``."""
+        return self.url.container
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix (object stores) or the absolute root directory (``file``)."""
+        return self.url.prefix
+
+    @property
+    def account(self) -> str | None:
+        """The R2 account id (``r2://<account>.<bucket>``), else None."""
+        return self.url.account
+
+    def display(self) -> str:
+        """The URL without query options (what messages and logs show)."""
+        return self.url.canonical
+
+    def key(self, *parts: str) -> str:
+        """Join ``parts`` under the prefix (object stores) or the root directory (``file``)."""
+        return self.url.key_for("/".join(p.strip("/") for p in parts if p))
+
+
+def parse_store_url(uri: str) -> StoreUrl:
+    """Parse ``storage.checkpoint_store`` (the site's checkpoint store).
+
+    Why its own entry point and not :func:`parse_url`: a store URL carries query options (the
+    weights forms refuse queries), and its names are checked only as far as stores always were:
+    the bucket is whatever the URL names and an R2 account is any non-empty label before the first
+    dot (``r2://acct.bkt`` is accepted, tests/unit/test_checkpoints_scan.py), so a store configured
+    before the weights rules existed keeps working. Errors are :class:`StorageError` (a site
+    configuration problem reported by the hooks, not a user's source spec).
+
+    Raises:
+        StorageError: unknown scheme or option, relative ``file`` path, ``..`` anywhere.
+    """
+    parts = urlsplit(uri)
+    scheme = parts.scheme
+    shown = uri.split("?")[0]
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(options) - STORE_OPTIONS)
+    if unknown:
+        raise StorageError(shown, f"unknown checkpoint store option(s): {', '.join(unknown)}")
+    path = parts.path
+    if ".." in path.split("/"):
+        raise StorageError(shown, "checkpoint store path must not contain '..'")
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost") or not path.startswith("/"):
+            raise StorageError(uri, "file:// checkpoint store must be an absolute path (file:///dir)")
+        return StoreUrl(StorageUrl("file", "", path.rstrip("/") or "/"), options)
+    if scheme not in STORE_SCHEMES or not parts.netloc:
+        raise StorageError(shown, "checkpoint store must be file://, s3://, r2:// or gs:// with a bucket")
+    bucket, account = parts.netloc, None
+    if scheme == "r2":
+        account, dot, bucket = parts.netloc.partition(".")
+        if not dot or not account or not bucket:
+            raise StorageError(shown, "r2 checkpoint store must be r2://<account_id>.<bucket>/prefix")
+    return StoreUrl(StorageUrl(scheme, bucket, path.strip("/"), account=account), options)  # type: ignore[arg-type]
