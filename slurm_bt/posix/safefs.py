@@ -21,6 +21,7 @@ import errno
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "open_trusted_dir",
     "remove_tree_at",
     "set_default_group_acl",
+    "walk_dirs",
     "write_file_at",
 ]
 
@@ -39,6 +41,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_OPEN_FDS = 128
 _MAX_SWAPS = 64
 _MAX_RMDIR_RETRIES = 3
+_MAX_SYMLINKS = 8
 
 
 class UntrustedPath(OSError):
@@ -76,12 +79,91 @@ def _trusted_mode(st: os.stat_result, *, allow_sticky: bool) -> bool:
     return allow_sticky and bool(st.st_mode & stat.S_ISVTX)
 
 
+DirRule = Callable[[str, os.stat_result, bool], None]
+"""The ownership rule of a walk: called with (path so far, ``fstat`` of the directory, whether it is
+the last component); raises to refuse the directory."""
+
+
+def walk_dirs(path: str, *, flags: int, refuse: Callable[[str, str], BaseException],
+              rule: DirRule | None = None, follow_root_symlinks: bool = False) -> int:
+    """Open the directory ``path`` by walking from ``/`` one component at a time, never following a
+    symlink a non-root user could have made: the one ``O_NOFOLLOW`` walk of slurm-bt's safe filesystem.
+
+    Each component is opened relative to the descriptor of its parent, so nothing can be swapped in
+    between; ``rule`` (the ownership rule, which differs per caller) sees the ``fstat`` of the
+    descriptor actually opened. Callers: :func:`open_trusted_dir` (root-owned admin directories:
+    ``flags`` with ``O_DIRECTORY``, a symlink or non-directory refused through ``ELOOP``/``ENOTDIR``)
+    and ``slurm_bt.posix.user_files`` (directories of a job: ``O_PATH`` without ``O_DIRECTORY``, so a
+    symlink is seen and followed only when root owns it, at most ``_MAX_SYMLINKS`` of them, an
+    absolute target restarting from ``/``; ``..`` goes back to the descriptor already held).
+
+    Args:
+        path: absolute path of a directory.
+        flags: ``os.open`` flags of every step (must hold ``O_NOFOLLOW``).
+        refuse: builds the exception for (path so far, reason).
+        rule: the ownership rule (None: any owner).
+        follow_root_symlinks: follow a root-owned symlink instead of refusing it.
+
+    Returns:
+        a descriptor of the final directory opened with ``flags`` (the caller closes it).
+
+    Raises:
+        FileNotFoundError: a component is missing.
+        BaseException: what ``refuse`` or ``rule`` raise.
+    """
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    stack = [os.open("/", flags | os.O_DIRECTORY)]
+    shown = ""
+    hops = 0
+    try:
+        while parts:
+            name = parts.pop(0)
+            if name == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                continue
+            shown += "/" + name
+            try:
+                fd = os.open(name, flags, dir_fd=stack[-1])
+            except OSError as exc:
+                if flags & os.O_DIRECTORY and exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise refuse(shown, "is a symlink or not a directory") from exc
+                raise
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(fd)
+                if rule is not None:
+                    rule(shown, st, not parts)
+                continue
+            try:
+                if not stat.S_ISLNK(st.st_mode):
+                    raise refuse(shown, f"component {name!r} is not a directory")
+                if not follow_root_symlinks or st.st_uid != 0:
+                    raise refuse(shown, f"component {name!r} is a symlink owned by uid {st.st_uid} (not followed)")
+                hops += 1
+                if hops > _MAX_SYMLINKS:
+                    raise refuse(shown, "too many symlinks")
+                target = os.readlink("", dir_fd=fd)  # the link itself, race-free: fd is O_PATH to it
+            finally:
+                os.close(fd)
+            if target.startswith("/"):
+                for other in stack[1:]:
+                    os.close(other)
+                del stack[1:]
+            parts[:0] = [p for p in target.split("/") if p not in ("", ".")]
+        return stack.pop()
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
 def open_trusted_dir(path: str, *, allow_sticky_final: bool = False) -> int:
     """Open an admin-configured directory, proving no non-root user can redirect it.
 
     The path is resolved once (admins may use root-owned symlinks such as ``/scratch -> /nvme``),
-    then walked from ``/`` with ``O_NOFOLLOW``; every component must be root-owned and not group- or
-    world-writable, except that sticky directories are accepted as intermediate components.
+    then walked from ``/`` with ``O_NOFOLLOW`` (:func:`walk_dirs`); every component must be
+    root-owned and not group- or world-writable, except that sticky directories are accepted as
+    intermediate components.
 
     Returns:
         an ``O_DIRECTORY|O_CLOEXEC`` descriptor of the final directory (the caller closes it).
@@ -91,30 +173,12 @@ def open_trusted_dir(path: str, *, allow_sticky_final: bool = False) -> int:
         UntrustedPath: a component is a symlink after resolution, not a directory, or could be
             replaced by someone other than root.
     """
-    real = os.path.realpath(path)
-    parts = [p for p in real.split("/") if p]
-    fd = os.open("/", _DIR_FLAGS)
-    try:
-        shown = ""
-        for i, part in enumerate(parts):
-            shown += "/" + part
-            try:
-                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UntrustedPath(shown, "is a symlink or not a directory") from exc
-                raise
-            os.close(fd)
-            fd = nxt
-            st = os.fstat(fd)
-            final = i == len(parts) - 1
-            if not _trusted_mode(st, allow_sticky=allow_sticky_final or not final):
-                raise UntrustedPath(shown, f"must be owned by root and not writable by others "
-                                           f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+    def root_owned(shown: str, st: os.stat_result, final: bool) -> None:
+        if not _trusted_mode(st, allow_sticky=allow_sticky_final or not final):
+            raise UntrustedPath(shown, f"must be owned by root and not writable by others "
+                                       f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+
+    return walk_dirs(os.path.realpath(path), flags=_DIR_FLAGS, refuse=UntrustedPath, rule=root_owned)
 
 
 def open_dir_at(parent_fd: int, name: str) -> int:

@@ -15,8 +15,9 @@ sweep reached 16.7 GB resident), or a symlink to either. So every such read here
   checkpoint files; the stores read exactly that many bytes with ``pread``).
 
 Refusals raise :class:`UnsafeFile` (an ``OSError``), so callers that already handle "cannot read"
-need nothing new. The walk is the same as :func:`slurm_bt.posix.safefs.open_trusted_dir`'s, but
-that one demands root-owned directories; here the directories belong to the user.
+need nothing new. The walk is :func:`slurm_bt.posix.safefs.walk_dirs`, the one that
+:func:`slurm_bt.posix.safefs.open_trusted_dir` uses too; that one demands root-owned directories,
+here the directories belong to the user (no ownership rule, root-owned symlinks followed).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import errno
 import os
 import stat
 
+from slurm_bt.posix.safefs import walk_dirs
+
 __all__ = ["UnsafeFile", "open_user_file", "read_fd_capped", "read_user_file"]
 
-_MAX_SYMLINKS = 8
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -48,41 +50,9 @@ def _open_parent(path: str) -> tuple[int, str]:
     if not parts or parts[-1] == "..":
         raise UnsafeFile(path, "does not name a file")
     last = parts.pop()
-    stack = [os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
-    hops = 0
-    try:
-        while parts:
-            name = parts.pop(0)
-            if name == "..":
-                if len(stack) > 1:
-                    os.close(stack.pop())
-                continue
-            fd = os.open(name, _PATH_FLAGS, dir_fd=stack[-1])
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                stack.append(fd)
-                continue
-            try:
-                if not stat.S_ISLNK(st.st_mode):
-                    raise UnsafeFile(path, f"component {name!r} is not a directory")
-                if st.st_uid != 0:
-                    raise UnsafeFile(path, f"component {name!r} is a symlink owned by uid {st.st_uid} (not followed)")
-                hops += 1
-                if hops > _MAX_SYMLINKS:
-                    raise UnsafeFile(path, "too many symlinks")
-                target = os.readlink("", dir_fd=fd)  # the link itself, race-free: fd is O_PATH to it
-            finally:
-                os.close(fd)
-            if target.startswith("/"):
-                for other in stack[1:]:
-                    os.close(other)
-                del stack[1:]
-            parts[:0] = [p for p in target.split("/") if p not in ("", ".")]
-        parent = stack.pop()
-        return parent, last
-    finally:
-        for fd in stack:
-            os.close(fd)
+    parent = walk_dirs("/" + "/".join(parts), flags=_PATH_FLAGS, refuse=lambda _shown, why: UnsafeFile(path, why),
+                       follow_root_symlinks=True)
+    return parent, last
 
 
 def open_user_file(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> int:
