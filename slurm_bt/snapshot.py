@@ -36,7 +36,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ import pathspec
 
 from slurm_bt.atomic import fsync_dir, publish_dir_atomic, temp_name
 from slurm_bt.errors import Problem, SnapshotError, StorageError
+from slurm_bt.posix.safefs import remove_owned_tree
 
 __all__ = [
     "DEFAULT_IGNORE_PATTERNS",
@@ -461,10 +461,10 @@ def _build_and_publish(source: str, entries: list[_Entry], dest: Path, max_bytes
                 fsync_dir(Path(target))
         publish_dir_atomic(tmp, dest)
     except _SourceProblem as exc:
-        _force_rmtree(tmp)
+        remove_owned_tree(tmp)
         raise SnapshotError(source, [exc.problem]) from exc
     except BaseException:
-        _force_rmtree(tmp)
+        remove_owned_tree(tmp)
         raise
     return copied
 
@@ -530,11 +530,3 @@ def _pump(rel: str, src_fd: int, dst_fd: int, dest: Path, budget: int) -> int:
                 raise StorageError(str(dest), f"cannot write snapshot: {exc.strerror}") from exc
 
 
-def _force_rmtree(path: Path) -> None:
-    """Remove a partial snapshot even if a copied directory mode would block it."""
-    for dirpath, _dirs, _files in os.walk(path):
-        try:
-            os.chmod(dirpath, 0o700)
-        except OSError:
-            pass
-    shutil.rmtree(path, ignore_errors=True)

@@ -17,6 +17,7 @@ neither deep nesting nor huge directories can exhaust the stack or the fd table.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -31,6 +32,7 @@ __all__ = [
     "ensure_dir_at",
     "open_dir_at",
     "open_trusted_dir",
+    "remove_owned_tree",
     "remove_tree_at",
     "set_default_group_acl",
     "walk_dirs",
@@ -345,8 +347,10 @@ class _Moved(Exception):
 
 class _Walker:
     def __init__(self, parent_fd: int, root_dev: int, keep: frozenset[tuple[str, ...]],
-                 skip: frozenset[tuple[str, ...]], deadline: float | None, report: RemovalReport) -> None:
+                 skip: frozenset[tuple[str, ...]], deadline: float | None, report: RemovalReport,
+                 make_writable: bool = False) -> None:
         self.parent_fd = parent_fd
+        self.make_writable = make_writable
         self.root_dev = root_dev
         self.keep = keep
         self.kept: list[tuple[str, ...]] = []
@@ -444,6 +448,13 @@ class _Walker:
         finally:
             os.close(pfd)
 
+    def _entered(self, fd: int) -> None:
+        """With ``make_writable``: u+rwx on the directory just opened (through its descriptor, never
+        a path), so a read-only (0555) directory of ours can be emptied without CAP_DAC_OVERRIDE."""
+        if self.make_writable:
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o700)
+
     def _expired(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
 
@@ -459,6 +470,7 @@ class _Walker:
             os.close(fd)
             self._leftover((), "is on another filesystem (not crossed)")
             return
+        self._entered(fd)
         self.stack.append(_Frame(name, (), st.st_dev, st.st_ino, fd))
         try:
             while self.stack:
@@ -534,6 +546,7 @@ class _Walker:
                 os.close(child)
                 self._leftover(rel, "is on another filesystem (not crossed)")
                 return
+            self._entered(child)
             self.stack.append(_Frame(entry, rel, cst.st_dev, cst.st_ino, child))
             self._trim()
             return
@@ -595,6 +608,7 @@ def remove_tree_at(
     deadline: float | None = None,
     keep: frozenset[tuple[str, ...]] = frozenset(),
     mount_points: frozenset[tuple[str, ...]] = frozenset(),
+    make_writable: bool = False,
 ) -> RemovalReport:
     """Remove ``name`` (inside the trusted directory ``parent_fd``) and everything below it.
 
@@ -606,6 +620,9 @@ def remove_tree_at(
             parents are then kept too.
         mount_points: relative paths under ``name`` that are mount points (from
             :func:`slurm_bt.posix.mountinfo.mount_points_below`); never entered, never unmounted.
+        make_writable: make every directory entered ``0700`` first (through its descriptor): for a
+            tree the caller owns with read-only directories in it (the weights caches' 0555
+            snapshots, a copied config folder), removed without root's CAP_DAC_OVERRIDE.
 
     Returns:
         a :class:`RemovalReport`; it never raises for problems inside the tree.
@@ -614,6 +631,29 @@ def remove_tree_at(
         raise ValueError(f"not a single path component: {name!r}")
     report = RemovalReport()
     root_dev = os.fstat(parent_fd).st_dev
-    walker = _Walker(parent_fd, root_dev, keep, mount_points, deadline, report)
+    walker = _Walker(parent_fd, root_dev, keep, mount_points, deadline, report, make_writable)
     walker.run(name)
     return report
+
+
+def remove_owned_tree(path: str | os.PathLike[str]) -> None:
+    """Delete a tree the caller owns, read-only directories included, never following a symlink.
+
+    For the weights caches' trash and a partial config snapshot: :func:`remove_tree_at` with
+    ``make_writable`` (each directory made 0700 through its descriptor before it is emptied). Unlike
+    the ``shutil.rmtree`` it replaces, it does not descend into another filesystem mounted inside the
+    tree (none is, in a cache or a snapshot) and a symlink found at ``path`` itself is unlinked
+    rather than left. Errors are ignored: what cannot be removed stays.
+    """
+    text = os.fspath(path)
+    parent_path, _, name = text.rstrip("/").rpartition("/")
+    try:
+        parent = os.open(parent_path or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        remove_tree_at(parent, name, make_writable=True)
+    except ValueError:
+        pass  # not a removable name ("", ".", ".."): nothing to do, as rmtree's ignored error
+    finally:
+        os.close(parent)

@@ -30,7 +30,6 @@ import logging
 import mmap
 import os
 import secrets
-import shutil
 import socket
 import stat
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,6 +40,7 @@ from pydantic import ValidationError
 
 from slurm_bt.atomic import fsync_dir, publish_dir_atomic
 from slurm_bt.errors import CacheIntegrityError, StorageError
+from slurm_bt.posix.safefs import remove_owned_tree
 from slurm_bt.weights.locks import process_start_time
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
@@ -51,7 +51,6 @@ __all__ = [
     "build_snapshot",
     "copy_and_hash",
     "copy_only",
-    "force_rmtree",
     "open_regular",
     "parse_tmp_name",
     "publish_blob_file",
@@ -534,9 +533,9 @@ def build_snapshot(layout: CacheLayout, manifest: Manifest) -> Path:
 def remove_tree(layout: CacheLayout, path: Path) -> None:
     """Remove a cache tree so no reader ever sees it half-deleted under its name.
 
-    The tree is first renamed into ``.tmp/`` (atomic), then deleted there; read-only (0555)
-    directories are made writable on the way. ``shutil.rmtree`` never follows symlinks and, on
-    Linux, walks with directory fds. Missing paths are fine (idempotent).
+    The tree is first renamed into ``.tmp/`` (atomic), then deleted there by
+    :func:`slurm_bt.posix.safefs.remove_owned_tree` (read-only (0555) directories made writable on
+    the way, fd-relative, never following a symlink). Missing paths are fine (idempotent).
     """
     trash = layout.tmp / tmp_name("trash")
     try:
@@ -545,19 +544,4 @@ def remove_tree(layout: CacheLayout, path: Path) -> None:
         return
     except OSError as exc:
         raise StorageError(str(path), f"cannot move to trash: {exc.strerror}") from exc
-    force_rmtree(trash)
-
-
-def force_rmtree(path: Path) -> None:
-    """Delete a tree we own, making read-only directories writable first; never follows symlinks."""
-    def _writable(p: Path) -> None:
-        with contextlib.suppress(OSError):
-            st = os.lstat(p)
-            if stat.S_ISDIR(st.st_mode):
-                os.chmod(p, 0o700)
-
-    _writable(path)
-    for dirpath, dirnames, _ in os.walk(path):
-        for d in dirnames:
-            _writable(Path(dirpath) / d)
-    shutil.rmtree(path, ignore_errors=True)
+    remove_owned_tree(trash)

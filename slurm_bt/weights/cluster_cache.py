@@ -35,6 +35,7 @@ from pathlib import Path
 
 from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.errors import StorageError
+from slurm_bt.posix.safefs import remove_owned_tree
 from slurm_bt.storage.checksums import sha256_fd
 from slurm_bt.trusted_files import describe_owner as _describe
 from slurm_bt.trusted_files import is_team_dir
@@ -42,7 +43,6 @@ from slurm_bt.weights.cache_layout import (
     CacheLayout,
     build_snapshot,
     copy_and_hash,
-    force_rmtree,
     open_regular,
     parse_tmp_name,
     publish_blob_file,
@@ -336,7 +336,7 @@ class ClusterCache:
         finally:
             stop.set()
             t.join(timeout=1.0)
-            force_rmtree(path)
+            remove_owned_tree(path)
 
     def publish_fetched(self, path: Path, f: ManifestFile) -> bool:
         """Move a blob that the download engine verified (in a :meth:`writer_dir`) to ``blobs/``.
@@ -530,7 +530,7 @@ def gc_temp(layout: CacheLayout, older_than_s: float, *,
             continue
         if stat.S_ISDIR(st.st_mode):
             if p.parent == layout.tmp:
-                force_rmtree(p)
+                remove_owned_tree(p)
             else:
                 with contextlib.suppress(StorageError):
                     remove_tree(layout, p)
