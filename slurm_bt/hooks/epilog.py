@@ -49,6 +49,7 @@ from slurm_bt.posix.safefs import (
     ensure_dir_at,
     open_trusted_dir,
     remove_tree_at,
+    walk_dirs,
     write_file_at,
 )
 from slurm_bt.site.settings import SiteSettings, expand_path
@@ -62,19 +63,18 @@ PROCESS_BUDGET_S = 10.0
 
 def _has_checkpoints(root_fd: int, job_id: str) -> bool:
     """True if ``<job>/mnt/checkpoints`` is a real, non-empty directory (checked without following)."""
-    fd = -1
     try:
-        fd = os.open(job_id, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
-        for part in CHECKPOINT_REL:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
+        fd = walk_dirs("/".join((job_id, *CHECKPOINT_REL)), at=root_fd,
+                       flags=os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       refuse=lambda _shown, why: OSError(errno.ELOOP, why))
+    except OSError:
+        return False
+    try:
         return bool(os.listdir(fd))
     except OSError:
         return False
     finally:
-        if fd >= 0:
-            os.close(fd)
+        os.close(fd)
 
 
 def _write_handoff(ctx: HookContext, root_fd: int, root: str, kept: list[str]) -> None:

@@ -87,7 +87,7 @@ the last component); raises to refuse the directory."""
 
 
 def walk_dirs(path: str, *, flags: int, refuse: Callable[[str, str], BaseException],
-              rule: DirRule | None = None, follow_root_symlinks: bool = False) -> int:
+              rule: DirRule | None = None, follow_root_symlinks: bool = False, at: int | None = None) -> int:
     """Open the directory ``path`` by walking from ``/`` one component at a time, never following a
     symlink a non-root user could have made: the one ``O_NOFOLLOW`` walk of slurm-bt's safe filesystem.
 
@@ -97,14 +97,17 @@ def walk_dirs(path: str, *, flags: int, refuse: Callable[[str, str], BaseExcepti
     ``flags`` with ``O_DIRECTORY``, a symlink or non-directory refused through ``ELOOP``/``ENOTDIR``)
     and ``slurm_bt.posix.user_files`` (directories of a job: ``O_PATH`` without ``O_DIRECTORY``, so a
     symlink is seen and followed only when root owns it, at most ``_MAX_SYMLINKS`` of them, an
-    absolute target restarting from ``/``; ``..`` goes back to the descriptor already held).
+    absolute target restarting from ``/``; ``..`` goes back to the descriptor already held), and the
+    epilog's check for a job's kept checkpoints (``at``: below the scratch root it holds open).
 
     Args:
-        path: absolute path of a directory.
+        path: absolute path of a directory, or relative to ``at``.
         flags: ``os.open`` flags of every step (must hold ``O_NOFOLLOW``).
         refuse: builds the exception for (path so far, reason).
         rule: the ownership rule (None: any owner).
         follow_root_symlinks: follow a root-owned symlink instead of refusing it.
+        at: start from this directory descriptor (the caller keeps it) instead of ``/``; ``..`` never
+            goes above it.
 
     Returns:
         a descriptor of the final directory opened with ``flags`` (the caller closes it).
@@ -114,7 +117,7 @@ def walk_dirs(path: str, *, flags: int, refuse: Callable[[str, str], BaseExcepti
         BaseException: what ``refuse`` or ``rule`` raise.
     """
     parts = [p for p in path.split("/") if p not in ("", ".")]
-    stack = [os.open("/", flags | os.O_DIRECTORY)]
+    stack = [os.open("/", flags | os.O_DIRECTORY) if at is None else os.dup(at)]
     shown = ""
     hops = 0
     try:
