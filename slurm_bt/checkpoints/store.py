@@ -290,6 +290,10 @@ class FileStore:
     def _walk(self, parts: list[str], *, create: bool, write: bool) -> Iterator[tuple[int, int | None]]:
         """A descriptor of ``root/parts`` with every component checked, and the job directory's owner.
 
+        Not :func:`slurm_bt.posix.safefs.walk_dirs`: this walk creates missing components and its
+        rule depends on the depth and on the owner found one step earlier (docs/architecture.md,
+        "The safe-filesystem rules, once").
+
         Raises:
             FileNotFoundError: a component is missing (and ``create`` is false).
             UntrustedLocation: a component is not what slurm-bt would have made.

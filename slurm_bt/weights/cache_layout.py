@@ -275,6 +275,12 @@ def open_regular(path: Path) -> int:
     ``O_NONBLOCK`` keeps a FIFO planted at a blob name from hanging a root prolog, and the
     ``fstat`` check refuses anything but a regular file.
 
+    Why not :func:`slurm_bt.posix.user_files.open_user_file` (the walk from ``/``): the cache tiers
+    are root-made or the caller's own, so only the last component needs refusing a symlink; that
+    walk would also refuse a non-root symlink on the way (an admin's cache path through a service
+    account's link) and raise ``UnsafeFile`` instead of ``StorageError`` (docs/architecture.md,
+    "The safe-filesystem rules, once").
+
     Raises:
         FileNotFoundError: nothing there.
         StorageError: a symlink, FIFO, device or directory.
