@@ -485,9 +485,11 @@ def _fake_proc(root: Path, pid: int, ppid: int, start: int, uid: int, exe: str =
     (d / "exe").symlink_to(exe)
 
 
-def test_deep_process_trees_cost_one_walk_and_cannot_hide(tmp_path: Path) -> None:
+def test_deep_process_trees_cost_one_walk_and_cannot_hide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """1000-deep chains, deeper than the walk limit: detached and under slurmstepd (all leftovers), under
-    sshd (a session, none)."""
+    sshd (a session, none). "One walk": the /proc files read grow linearly with the processes (a walk
+    per process up its chain would read ~1000 times more), counted rather than timed so a loaded
+    machine cannot fail it."""
     proc = tmp_path / "proc"
     proc.mkdir()
     _fake_proc(proc, 1, 0, 1, 0, "/sbin/init")
@@ -496,10 +498,17 @@ def test_deep_process_trees_cost_one_walk_and_cannot_hide(tmp_path: Path) -> Non
     for top, base in ((1, 1000), (10, 4000), (20, 7000)):
         for i in range(1000):
             _fake_proc(proc, base + i, top if i == 0 else base + i - 1, 100 + i, UID)
-    t0 = time.monotonic()
+    reads: list[str] = []
+    real_read = leftovers._read_small
+
+    def counting_read(path: str, limit: int) -> bytes | None:
+        reads.append(path)
+        return real_read(path, limit)
+
+    monkeypatch.setattr(leftovers, "_read_small", counting_read)
     found = {p.pid for p in leftover_candidates(UID, str(proc))}
-    assert time.monotonic() - t0 < 10  # generous for a loaded CI machine; ~0.1 s here
     assert found == set(range(1000, 2000)) | set(range(4000, 5000))
+    assert len(reads) <= 4 * 3003, len(reads)
 
 
 def _host_job_with_checkpoint_path(site: Site, user: str, checkpoint_path: str, name: str) -> Path:
