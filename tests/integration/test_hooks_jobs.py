@@ -52,9 +52,19 @@ def _write_config(user: str, body: str) -> Path:
     return work / "config.py"
 
 
-def _node_states() -> dict[str, str]:
-    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True).stdout
-    return dict(line.split() for line in out.splitlines() if line.strip())
+def _node_states(settle_s: float = 60) -> dict[str, str]:
+    """Node -> sinfo's short state, once no node is completing any more (``comp``, at most ``settle_s``).
+
+    24.11 reports a job's end (sacct, hence ``slurm-bt status``) while its epilog still runs, so the
+    nodes can read ``comp`` right after the status says FAILED; drained or down is what must never show.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True).stdout
+        states = dict(line.split() for line in out.splitlines() if line.strip())
+        if not any(s.startswith("comp") for s in states.values()) or time.monotonic() > deadline:
+            return states
+        time.sleep(1)
 
 
 def _wait(user: str, job_id: str, timeout_s: int = 180) -> tuple[dict[str, object], str]:

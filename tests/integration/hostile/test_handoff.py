@@ -53,7 +53,11 @@ def stop_uploader():
     out = subprocess.run(["pgrep", "-u", str(os.getuid()), "-f", "slurm_bt.steps.checkpoint_agent"],
                          capture_output=True, text=True).stdout.split()
     for pid in out:
-        os.kill(int(pid), signal.SIGKILL)
+        # pgrep also lists the agent's srun; killing it ends the step, so the agent may be gone already
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 def checkpoint(name, files):
     c = d / name
     c.mkdir()
