@@ -33,6 +33,7 @@ import contextlib
 import os
 import stat
 import time
+from collections.abc import Iterator
 
 from slurm_bt.jobhost.context import HookContext
 from slurm_bt.node.job_paths import HANDOFF_RECORDS_DIR
@@ -59,6 +60,24 @@ def _names(path: str) -> set[str]:
         return set()
 
 
+def _stale_dirs(ctx: HookContext, dir_fd: int, names: list[str], skip: set[str], min_age: float, now: float,
+                deadline: float) -> Iterator[str]:
+    """The entries of ``dir_fd`` named like a job id (not this job's, not in ``skip``) that are real
+    directories unchanged for ``min_age`` seconds, until ``deadline`` (logged when it cuts the sweep)."""
+    for name in names:
+        if not (name.isascii() and name.isdigit()) or name == ctx.env.job_id or name in skip:
+            continue
+        if time.monotonic() >= deadline:
+            ctx.log.info("stale directory sweep: out of time, the next prolog continues")
+            return
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and now - st.st_mtime >= min_age:
+            yield name
+
+
 def sweep_stale_scratch(ctx: HookContext, root_fd: int, root: str) -> list[str]:
     """Remove stale job directories under the scratch root open at ``root_fd``; return their names."""
     min_age = ctx.settings.stale_scratch_after_s
@@ -74,18 +93,7 @@ def sweep_stale_scratch(ctx: HookContext, root_fd: int, root: str) -> list[str]:
     kept = {n.removesuffix(".json") for n in _names(records)} - expired
     deadline = min(time.monotonic() + SWEEP_BUDGET_S, ctx.deadline - 5.0)
     swept: list[str] = []
-    for name in sorted(os.listdir(root_fd)):
-        if not (name.isascii() and name.isdigit()) or name == ctx.env.job_id or name in active or name in kept:
-            continue
-        if time.monotonic() >= deadline:
-            ctx.log.info("stale scratch sweep: out of time, the next prolog continues")
-            break
-        try:
-            st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < min_age:
-            continue
+    for name in _stale_dirs(ctx, root_fd, sorted(os.listdir(root_fd)), active | kept, min_age, now, deadline):
         report = remove_tree_at(root_fd, name, deadline=deadline, mount_points=mount_points_below(f"{root}/{name}"))
         swept.append(name)
         if name in expired:
@@ -110,17 +118,7 @@ def sweep_stale_runtime(ctx: HookContext, user_fd: int, path: str) -> list[str]:
     deadline = min(time.monotonic() + SWEEP_BUDGET_S / 2, ctx.deadline - 5.0)
     now = time.time()
     swept: list[str] = []
-    for name in sorted(os.listdir(user_fd))[:10000]:
-        if not (name.isascii() and name.isdigit()) or name == ctx.env.job_id or name in active:
-            continue
-        if time.monotonic() >= deadline:
-            break
-        try:
-            st = os.stat(name, dir_fd=user_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < min_age:
-            continue
+    for name in _stale_dirs(ctx, user_fd, sorted(os.listdir(user_fd))[:10000], active, min_age, now, deadline):
         report = remove_tree_at(user_fd, name, deadline=deadline)
         swept.append(name)
         ctx.log.info(f"stale runtime directory {path}/{name} (no job on this host, epilog never ran): removed "

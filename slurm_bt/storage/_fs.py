@@ -76,12 +76,8 @@ class FsspecBackend(Backend):
 
     def read_bytes(self, path: str, *, max_bytes: int = 64 << 20) -> bytes | None:
         """A small object's content, or None when absent (size-capped before reading)."""
-        try:
-            info = self.stat(path)
-        except SourceNotFoundError:
+        if self.small_object(path, max_bytes) is None:
             return None
-        if info.size > max_bytes:
-            raise SourceError(self.url.canonical, f"object is {info.size} bytes, more than {max_bytes}", file=path)
         data: bytes = self._call("read", self.fs.cat_file, self._fs_path(path), file=path)
         return data
 

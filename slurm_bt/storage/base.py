@@ -299,15 +299,20 @@ class Backend:
         """
         raise NotImplementedError
 
-    def read_bytes(self, path: str, *, max_bytes: int = 64 << 20) -> bytes | None:
-        """A small object's content, or None when absent."""
+    def small_object(self, path: str, max_bytes: int) -> RemoteFile | None:
+        """``stat`` of an object about to be read whole: None when absent, refused above ``max_bytes``."""
         try:
             info = self.stat(path)
         except SourceNotFoundError:
             return None
         if info.size > max_bytes:
             raise SourceError(self.url.canonical, f"object is {info.size} bytes, more than {max_bytes}", file=path)
-        return read_all(self.open_range(info, 0, None), max_bytes)
+        return info
+
+    def read_bytes(self, path: str, *, max_bytes: int = 64 << 20) -> bytes | None:
+        """A small object's content, or None when absent."""
+        info = self.small_object(path, max_bytes)
+        return None if info is None else read_all(self.open_range(info, 0, None), max_bytes)
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Replace a small object."""
