@@ -466,6 +466,11 @@ def slurm_conf(rel: Release) -> str:
         # SchedulerTimeSlice only matters for gang scheduling, so it is not set.
         "SchedulerParameters=nohold_on_prolog_fail,sched_interval=2,bf_interval=2,batch_sched_delay=0",
         "PriorityType=priority/basic",
+        # Preemption for the long-run tests (docs/long-runs.md): jobs in the `preemptible` partition are requeued
+        # when a job of the higher-tier `urgent` partition needs their node, after GraceTime (the partition's) in
+        # which Slurm sends SIGTERM. gpu and staging say PreemptMode=OFF, so nothing else is ever preempted.
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
         "JobCompType=jobcomp/none",
         "AccountingStorageType=accounting_storage/slurmdbd",
         "AccountingStorageHost=localhost",
@@ -495,8 +500,12 @@ def slurm_conf(rel: Release) -> str:
         )
     nodes = ",".join(sorted(NODES))  # "n1,n2"; Slurm prints it as n[1-2]
     lines += [
-        f"PartitionName=gpu Nodes={nodes} Default=YES MaxTime=INFINITE OverSubscribe=NO State=UP",
-        f"PartitionName=staging Nodes={nodes} Default=NO MaxTime=INFINITE OverSubscribe=NO State=UP",
+        f"PartitionName=gpu Nodes={nodes} Default=YES MaxTime=INFINITE OverSubscribe=NO PreemptMode=OFF State=UP",
+        f"PartitionName=staging Nodes={nodes} Default=NO MaxTime=INFINITE OverSubscribe=NO PreemptMode=OFF State=UP",
+        f"PartitionName=preemptible Nodes={nodes} Default=NO MaxTime=INFINITE OverSubscribe=NO PriorityTier=1 "
+        "PreemptMode=REQUEUE GraceTime=20 State=UP",
+        f"PartitionName=urgent Nodes={nodes} Default=NO MaxTime=INFINITE OverSubscribe=NO PriorityTier=10 "
+        "PreemptMode=OFF State=UP",
         "",
     ]
     return "\n".join(lines)
