@@ -37,6 +37,7 @@ from typing import Protocol
 from slurm_bt.atomic import atomic_output
 from slurm_bt.checkpoints.locations import parse_store_uri
 from slurm_bt.errors import StorageError, UntrustedLocation
+from slurm_bt.posix.safefs import walk_dirs
 from slurm_bt.posix.user_files import read_fd_capped
 from slurm_bt.storage.checksums import CHUNK_BYTES, sha256_fd
 from slurm_bt.storage.credentials import Credentials
@@ -256,19 +257,22 @@ class FileStore:
         return None
 
     def _step(self, parent: int, name: str, path: Path, depth: int, *, create: bool) -> int:
-        """A descriptor of ``name`` in ``parent`` (never through a symlink); created when ``create``."""
+        """A descriptor of ``name`` in ``parent`` (never through a symlink); created when ``create``.
+
+        The open is :func:`~slurm_bt.posix.safefs.walk_dirs` one component below ``parent``: the one
+        ``O_NOFOLLOW`` walk; what this adds is creating the component and the depth-dependent rule.
+        """
+        def refuse(_shown: str, _why: str) -> UntrustedLocation:
+            hint = ", or use another TrainingProject name" if depth == 0 else ""
+            return UntrustedLocation(str(path), "is a symlink or not a directory (never followed; another user "
+                                     f"may have created the name first): an admin must remove it (rm -rf {path})"
+                                     f"{hint}")
+
         try:
-            return os.open(name, _DIR_PATH, dir_fd=parent)
+            return walk_dirs(name, flags=_DIR_PATH, refuse=refuse, at=parent)
         except FileNotFoundError:
             if not create:
                 raise
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                hint = ", or use another TrainingProject name" if depth == 0 else ""
-                raise UntrustedLocation(str(path), "is a symlink or not a directory (never followed; another user "
-                                        f"may have created the name first): an admin must remove it (rm -rf {path})"
-                                        f"{hint}") from None
-            raise
         try:
             os.mkdir(name, 0o700, dir_fd=parent)
         except FileExistsError:  # made meanwhile by someone else: checked like any existing one
@@ -290,9 +294,10 @@ class FileStore:
     def _walk(self, parts: list[str], *, create: bool, write: bool) -> Iterator[tuple[int, int | None]]:
         """A descriptor of ``root/parts`` with every component checked, and the job directory's owner.
 
-        Not :func:`slurm_bt.posix.safefs.walk_dirs`: this walk creates missing components and its
-        rule depends on the depth and on the owner found one step earlier (docs/architecture.md,
-        "The safe-filesystem rules, once").
+        Each step opens its component with :func:`slurm_bt.posix.safefs.walk_dirs` (see
+        :meth:`_step`); the loop is here because it creates missing components and its rule depends on
+        the depth and on the owner found one step earlier (docs/architecture.md, "The safe-filesystem
+        rules, once").
 
         Raises:
             FileNotFoundError: a component is missing (and ``create`` is false).
