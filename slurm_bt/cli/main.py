@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "logs": "slurm_bt.cli.logs_cmd:logs_command",
     "stop": "slurm_bt.cli.stop_cmd:stop_command",
     "metrics": "slurm_bt.cli.metrics_cmd:metrics_command",
+    "ssh": "slurm_bt.cli.isession_cmd:ssh_command",
     "checkpoints": "slurm_bt.cli.checkpoints_cmd:checkpoints_group",
     "cache": "slurm_bt.cli.cache_cmd:cache_group",
     "secrets": "slurm_bt.cli.secrets_cmd:secrets_group",
