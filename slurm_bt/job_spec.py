@@ -96,6 +96,10 @@ class CheckpointSpec(_Frozen):
     enabled: bool = False
     checkpoint_path: str | None = None
     volume_size_gib: int | None = None
+    keep_last: int = 0
+    """Retention: keep the newest N complete checkpoints in the store (0: all); site default or BT_CHECKPOINT_KEEP_LAST."""
+    max_bytes: int = 0
+    """Retention: size budget of the job's checkpoints in the store (0: none); site default or BT_CHECKPOINT_MAX_BYTES."""
 
 
 class LoadCheckpointSpec(_Frozen):
@@ -215,6 +219,20 @@ def _container_path(value: str, loc: str, runtime: str, problems: list[Problem])
                                 "mounts cannot express (slurm-bt is stricter than truss here)"))
 
 
+def _retention(env: dict[str, str], site: SiteSettings, problems: list[Problem]) -> dict[str, int]:
+    """Checkpoint retention (docs/checkpoints.md §Retention): the site's default, overridden per job."""
+    out = {"keep_last": site.checkpoints.keep_last, "max_bytes": site.checkpoints.max_bytes}
+    for name, key in (("BT_CHECKPOINT_KEEP_LAST", "keep_last"), ("BT_CHECKPOINT_MAX_BYTES", "max_bytes")):
+        if name in env:
+            value = env[name].strip()
+            if not value.isdigit():
+                problems.append(Problem(f"job.runtime.environment_variables.{name}",
+                                        f"must be a whole number >= 0 (0: no limit), not {env[name]!r}"))
+                continue
+            out[key] = int(value)
+    return out
+
+
 def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitContext) -> JobSpec:
     """Translate a validated TrainingProject into a JobSpec using the site's decisions.
 
@@ -318,6 +336,7 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
         warnings.append("priority is recorded but not mapped to Slurm; pass `-- --qos=...` or "
                         "`-- --nice=...` to bt-sbatch instead")
     availability = getattr(compute.availability_model, "value", str(compute.availability_model))
+    retention = _retention(dict(env), site, problems)
     if problems:
         raise ConfigError(ctx.source, problems)
 
@@ -350,7 +369,8 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
         secret_env=tuple(secret_env),
         weights=tuple(weights),
         checkpointing=CheckpointSpec(enabled=ckpt.enabled, checkpoint_path=ckpt.checkpoint_path,
-                                     volume_size_gib=ckpt.volume_size_gib),
+                                     volume_size_gib=ckpt.volume_size_gib,
+                                     **retention),
         load_checkpoint=load_spec,
         cache=cache_spec,
         enable_baseten_workdir=job.enable_baseten_workdir,

@@ -144,6 +144,21 @@ class WeightsSettings(_Strict):
 # -- end weights ---------------------------------------------------------------------------------------
 
 
+class CheckpointSettings(_Strict):
+    """``[checkpoints]``: the default retention of each job's checkpoints in the store (docs/checkpoints.md).
+
+    Attributes:
+        keep_last: keep the newest N complete checkpoints of a job (0: keep all).
+        max_bytes: keep a job's checkpoints under this many bytes in the store (0: no budget).
+
+    A job overrides either with ``BT_CHECKPOINT_KEEP_LAST`` / ``BT_CHECKPOINT_MAX_BYTES`` in its
+    ``environment_variables``. The newest complete checkpoint is never deleted.
+    """
+
+    keep_last: int = Field(default=0, ge=0, le=1_000_000)
+    max_bytes: int = Field(default=0, ge=0)
+
+
 class SiteSettings(_Strict):
     """The validated site configuration (see the module docstring for the file format).
 
@@ -177,6 +192,7 @@ class SiteSettings(_Strict):
     master_port_base: int = Field(default=20000, ge=1024, le=55000)
     storage: StorageRoots = Field(default_factory=StorageRoots)
     weights: WeightsSettings = Field(default_factory=WeightsSettings)
+    checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
 
     @model_validator(mode="after")
     def _containers_need_uniform_paths(self) -> SiteSettings:
