@@ -98,6 +98,10 @@ class ObjectStore:
         """Common prefixes one level below ``prefix``."""
         return self._backend.list_dirs(prefix)
 
+    def presigned_url(self, key: str, expires_s: int) -> str:
+        """A time-limited GET URL of ``key`` (relative to the prefix), signed with the caller's credentials."""
+        return self._backend.presigned_url(key, expires_s)
+
     def head(self, key: str) -> dict[str, Any] | None:
         """S3 ``HeadObject`` with checksums of ``key`` (absolute in the bucket), or None when absent."""
         if self._uploader is None:

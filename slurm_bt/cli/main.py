@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "cache": "slurm_bt.cli.cache_cmd:cache_group",
     "secrets": "slurm_bt.cli.secrets_cmd:secrets_group",
     "admin": "slurm_bt.cli.admin_cmd:admin_group",
+    "train": "slurm_bt.cli.train_cmd:train_group",  # truss train's verbs and flags (docs/cli.md)
 }
 
 

@@ -301,6 +301,21 @@ class SlurmClient:
             raise SlurmCommandError(argv, result.returncode, result.stderr,
                                     f"job {job_id} stays held; cancel it with scancel")
 
+    def set_priority(self, job_id: str | int | JobId, priority: int) -> None:
+        """``scontrol update JobId=ID Priority=N``: Slurm lets operators and admins do it, nobody else.
+
+        Raises:
+            SlurmCommandError: scontrol refused (not privileged, job not pending, unknown job).
+            ValueError: ``job_id`` or ``priority`` is malformed.
+        """
+        argv = scontrol.build_update_priority_argv(job_id, priority)
+        result = self._run(argv)
+        if not result.ok:
+            raise SlurmCommandError(argv, result.returncode, result.stderr,
+                                    "Slurm sets priorities for operators and admins only, of pending jobs "
+                                    "not held; a user can lower their other jobs' instead "
+                                    "(scontrol update JobId=<id> Nice=<n>)")
+
     def config(self) -> dict[str, str]:
         """The configuration slurmctld runs with (``scontrol show config``), one value per key.
 

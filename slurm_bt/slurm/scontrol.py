@@ -75,6 +75,18 @@ def build_release_argv(job_id: str | int | JobId) -> list[str]:
     return ["scontrol", "release", *job_id_args([job_id])]
 
 
+def build_update_priority_argv(job_id: str | int | JobId, priority: int) -> list[str]:
+    """``scontrol update JobId=ID Priority=N`` (``slurm-bt train update --priority``).
+
+    Raises:
+        ValueError: ``job_id`` is malformed, or ``priority`` is below 1 (0 means "hold" to Slurm).
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority < 2**32 - 1:
+        raise ValueError(f"priority must be an integer from 1 to {2**32 - 2}, got {priority!r}")
+    [jid] = job_id_args([job_id])
+    return ["scontrol", "update", f"JobId={jid}", f"Priority={priority}"]
+
+
 def build_show_config_argv() -> list[str]:
     """``scontrol show config``: the configuration slurmctld is running with."""
     return ["scontrol", "show", "config"]

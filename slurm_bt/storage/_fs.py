@@ -88,6 +88,17 @@ class FsspecBackend(Backend):
         self._call("write", self.fs.pipe_file, self._fs_path(path), data, file=path)
         self.fs.invalidate_cache()
 
+    def presigned_url(self, path: str, expires_s: int) -> str:
+        """fsspec's ``sign``: gcsfs signs with service-account keys, adlfs with an account key (SAS)."""
+        try:
+            url = self.fs.sign(self._fs_path(path), expiration=expires_s)
+        except NotImplementedError:
+            raise SourceError(self.url.canonical, f"{self.url.scheme}:// cannot presign URLs", file=path) from None
+        except Exception as exc:  # e.g. gcsfs without a service-account key: say so, per file
+            raise SourceError(self.url.canonical, f"cannot presign with these credentials: "
+                              f"{type(exc).__name__}: {exc}", file=path) from exc
+        return str(url)
+
     def list_dirs(self, prefix: str) -> list[str]:
         """Immediate "subdirectories" of ``prefix`` (common prefixes)."""
         base = self._fs_path(prefix.strip("/"))

@@ -326,6 +326,14 @@ class Backend:
         """Whether ``file``'s ETag really is its content's MD5 (asked only after an MD5 mismatch)."""
         return True
 
+    def presigned_url(self, path: str, expires_s: int) -> str:
+        """A URL anyone holding it can GET ``path`` with for ``expires_s`` seconds (``train get_checkpoint_urls``).
+
+        Raises:
+            SourceError: this scheme (or these credentials) cannot sign URLs.
+        """
+        raise SourceError(self.url.canonical, f"{self.url.scheme}:// cannot presign URLs", file=path)
+
     def close(self) -> None:
         """Release pools and sessions."""
 

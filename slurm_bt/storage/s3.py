@@ -312,6 +312,12 @@ class S3Backend(Backend):
         return BodyStream(body.read, body.close, partial="ContentRange" in resp, uri=self.url.canonical,
                           file=file.path, start=start)
 
+    def presigned_url(self, path: str, expires_s: int) -> str:
+        """A presigned ``GetObject`` URL (local SigV4, no request); unsigned when the store is anonymous."""
+        return str(self._meta.generate_presigned_url(
+            "get_object", Params={"Bucket": self.url.container, "Key": self.url.key_for(path)},
+            ExpiresIn=expires_s))
+
     # -- writes ----------------------------------------------------------------------------------
     def uploader(self, options: UploadOptions | None = None) -> S3Uploader:
         """Resumable verified multipart uploads into this bucket (:mod:`.s3_upload`).

@@ -1,0 +1,131 @@
+"""Job selection and tables shared by the ``slurm-bt train`` verbs (truss train's rules, Slurm's facts).
+
+truss train picks a job the same way in every verb: ``--job-id`` when given, else the most recent
+job (of ``--project`` when given), saying so when there was a choice. Here "the jobs" are the
+caller's own submission records (:mod:`slurm_bt.records`, newest first): the same privacy rule as
+``slurm-bt logs``/``list`` (docs/cli.md), and one ``sacct`` call for all the statuses asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from slurm_bt.cli import options
+
+if TYPE_CHECKING:
+    from slurm_bt.jobs.lifecycle import JobStatus
+    from slurm_bt.records import SubmissionRecord
+
+__all__ = [
+    "ACTIVE",
+    "QUEUED",
+    "check_remote",
+    "confirm",
+    "job_statuses",
+    "note",
+    "pick_job",
+    "project_option",
+    "project_records",
+    "render",
+]
+
+# truss train's QUEUED_JOB_STATUSES and ACTIVE_JOB_STATUSES (truss/cli/train/core.py); QUEUED is
+# slurm-bt's "submitted a moment ago, not in sacct yet" and is just as stoppable.
+QUEUED = ("TRAINING_JOB_PENDING", "TRAINING_JOB_QUEUED")
+ACTIVE = ("TRAINING_JOB_RUNNING", "TRAINING_JOB_CREATED", "TRAINING_JOB_DEPLOYING")
+
+#: ``view`` without arguments asks Slurm about at most this many of the newest records (one sacct).
+MAX_RECORDS_ASKED = 1000
+
+
+#: upstream's ``--remote`` names a ~/.trussrc remote; these mean "this cluster" (as slurm_bt.api.push).
+_LOCAL_REMOTES = (None, "baseten", "local")
+
+
+def check_remote(remote: str | None, verb: str) -> None:
+    if remote not in _LOCAL_REMOTES:
+        hint = "bt-sbatch --host HOST CONFIG" if verb == "push" else "slurm-bt <verb> --host HOST (docs/cli.md)"
+        raise click.UsageError(f"--remote {remote!r}: truss remotes are Baseten accounts; slurm-bt train runs on "
+                               f"this cluster. From another machine use `{hint}`.")
+
+
+def project_option(project: str | None, project_id: str | None) -> str | None:
+    """truss's ``--project`` (name or id) and ``--project-id``: ``--project`` wins, with its message."""
+    if project and project_id:
+        note("Both `project-id` and `project` provided. Using `project`.")
+    return project or project_id
+
+
+def note(message: str) -> None:
+    """An informational line on stderr (stdout stays the verb's output: csv and json stay parseable)."""
+    click.echo(message, err=True)
+
+
+def project_records(project: str | None) -> list[SubmissionRecord]:
+    """The caller's records, newest first; only ``project``'s (name or id) when given."""
+    from slurm_bt.records import list_records
+
+    return list_records(options.workspace(), project)
+
+
+def pick_job(job_id: str | None, project: str | None) -> str:
+    """``job_id`` (validated), or the newest job of ``project`` / of the caller, as truss train does.
+
+    Raises:
+        click.UsageError: no job recorded (truss train: "No jobs found.").
+    """
+    from slurm_bt.jobs.lifecycle import check_job_ids
+
+    if job_id is not None:
+        check_job_ids([job_id])
+        return job_id
+    records = project_records(project)
+    if not records:
+        where = f" for project {project!r}" if project else ""
+        raise click.UsageError(f"No jobs found{where}.")
+    if len(records) > 1:
+        note(f"Multiple jobs found. Showing the most recently created job: {records[0].job_id}")
+    return records[0].job_id
+
+
+def job_statuses(records: Sequence[SubmissionRecord]) -> list[JobStatus]:
+    """The status of every record's job, one sacct call; exit 1 when slurmdbd does not answer."""
+    from slurm_bt.jobs.lifecycle import query_statuses
+
+    if not records:
+        return []
+    by_id = {r.job_id: r for r in records}
+    report = query_statuses(options.make_client(), list(by_id), records=by_id)
+    for warning in report.warnings:
+        options.warn(warning)
+    if report.error is not None:
+        raise report.error
+    return report.statuses
+
+
+def confirm(message: str, *, yes: bool, non_interactive: bool) -> bool:
+    """truss train's confirmation (default No); ``--yes`` answers it, ``--non-interactive`` refuses to ask."""
+    if yes:
+        return True
+    if non_interactive:
+        note(f"{message} [y/N]: not asked (--non-interactive); pass --yes to confirm")
+        return False
+    return click.confirm(message, default=False, err=True)
+
+
+def render(headers: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None) -> None:
+    """An aligned text table on stdout (a title line first when given)."""
+    if title:
+        click.echo(title)
+    cells = [list(headers), *[list(r) for r in rows]]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(headers))]
+    for c in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+
+
+def status_rows(statuses: Sequence[JobStatus]) -> list[dict[str, Any]]:
+    """``JobStatus.as_dict`` rows (what ``slurm-bt status --json`` prints)."""
+    return [st.as_dict() for st in statuses]
