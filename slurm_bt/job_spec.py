@@ -108,6 +108,10 @@ class LoadCheckpointSpec(_Frozen):
     enabled: bool = False
     download_folder: str = "/tmp/loaded_checkpoints"
     checkpoints: tuple[dict[str, Any], ...] = ()
+    resume: bool = False
+    """On a restart of a requeued job (SLURM_RESTART_COUNT > 0), place the job's own newest complete
+    checkpoint in BT_LOAD_CHECKPOINT_DIR instead (slurm_bt/checkpoints/resume.py): checkpointing is on
+    and the config either has no LoadCheckpointConfig or only upstream's default "latest" reference."""
 
 
 class CacheSpec(_Frozen):
@@ -310,11 +314,15 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
     if ckpt.checkpoint_path:
         _container_path(ckpt.checkpoint_path, "job.runtime.checkpointing_config.checkpoint_path", rt, problems)
     load = runtime.load_checkpoint_config
-    load_spec = LoadCheckpointSpec()
+    load_spec = LoadCheckpointSpec(resume=ckpt.enabled)
     if load is not None:
+        refs = tuple(c.model_dump(mode="json") for c in load.checkpoints)
+        # Explicit references or an explicit enabled=False ask for something else than resuming.
+        default_latest = all(r.get("typ") == "baseten_latest_checkpoint" and not r.get("job_id")
+                             and not r.get("project_name") for r in refs)
         load_spec = LoadCheckpointSpec(
-            enabled=load.enabled, download_folder=load.download_folder,
-            checkpoints=tuple(c.model_dump(mode="json") for c in load.checkpoints),
+            enabled=load.enabled, download_folder=load.download_folder, checkpoints=refs,
+            resume=ckpt.enabled and load.enabled and default_latest,
         )
         if load.enabled:
             _container_path(load.download_folder, "job.runtime.load_checkpoint_config.download_folder",

@@ -26,14 +26,14 @@ from slurm_bt.errors import StorageError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.job_paths import job_layout
 
-__all__ = ["VERIFIED_NAME", "download_pinned", "host_load_dir"]
+__all__ = ["VERIFIED_NAME", "download_manifests", "download_pinned", "host_load_dir"]
 
 VERIFIED_NAME = ".slurm-bt-verified"
 
 
 def host_load_dir(spec: JobSpec, job_id: str, node: str | None) -> Path | None:
     """The host path behind ``BT_LOAD_CHECKPOINT_DIR`` (the bind source inside containers)."""
-    if not spec.load_checkpoint.enabled:
+    if not (spec.load_checkpoint.enabled or spec.load_checkpoint.resume):
         return None
     host = job_layout(spec, job_id=job_id, node=node).host_path("BT_LOAD_CHECKPOINT_DIR")
     return Path(host) if host is not None else None
@@ -52,10 +52,19 @@ def download_pinned(spec: JobSpec, dest_root: Path) -> int:
         if not isinstance(resolved, dict):
             raise StorageError(f"checkpoints[{i}]", "not resolved at submit; resubmit with this slurm-bt version")
         pinned.append(resolved)
+    return download_manifests(spec.storage, pinned, dest_root)
+
+
+def download_manifests(storage: dict[str, str], pinned: list[dict[str, Any]], dest_root: Path) -> int:
+    """Fetch pinned manifests (:func:`slurm_bt.checkpoints.resolve.pin`) into ``dest_root``, as the user.
+
+    Raises:
+        StorageError: a path is unsafe or a download fails (nothing is left at the final path).
+    """
     if not pinned:
         return 0
     count = 0
-    store = open_user_store(spec.storage)
+    store = open_user_store(storage)
     try:
         for res in pinned:
             name = str(res["checkpoint_name"])

@@ -246,6 +246,9 @@ def _upload_all(env: dict[str, str], job_id: str, node: str | None, budget_s: fl
     uploader = build_uploader(spec, job_id=job_id, rank=rank, checkpoint_dir=ckpt_dir, account=team)
     try:
         done = uploader.run_once(final=True, deadline=time.monotonic() + budget_s)
+        # Everything of this node is in the store: its last pass is done (the rank-0-only rule of
+        # slurm_bt/checkpoints/index.py needs it when the job's own uploader was killed first).
+        uploader.report(final=True)
     finally:
         uploader.store.close()
     return {"status": "done", "uploaded": done, "checkpoint_dir": str(ckpt_dir)}

@@ -7,8 +7,19 @@ Readers merge the parts themselves (:func:`merge_parts`), so a stale ``index.jso
 slower rank never hides a checkpoint; ``index.json`` is the convenient, documented view.
 
 A checkpoint enters a rank's part only after every one of its files was uploaded and verified, so a
-listed checkpoint is never partial on that rank. A multi-node checkpoint is *complete* when every
-rank of the job lists it (:attr:`CheckpointView.complete`).
+listed checkpoint is never partial on that rank.
+
+When is a multi-node checkpoint *complete* (:func:`merge_parts`, docs/checkpoints.md)? Trainers
+write checkpoints in two ways: DDP-style, rank 0 alone writes (the other nodes' ``BT_CHECKPOINT_DIR``
+stays empty), or sharded (FSDP, DeepSpeed: every node writes its part). So the rule is taken from
+the ranks that write checkpoints at all: a checkpoint is complete when every rank of the job either
+lists it, or has *reported* that it writes none. A rank reports that through its part: ``final``
+(its uploader made its last pass after the start commands ended) with nothing listed, or
+``empty_at`` (its uploader saw no directory at all in its ``BT_CHECKPOINT_DIR``) at least
+:data:`EMPTY_GRACE_S` after the checkpoint was uploaded, so a sharded rank that is still writing
+its part (its directory exists, in progress) is never mistaken for a rank that writes nothing. A
+rank that lists any checkpoint is a writer: a checkpoint it lacks is incomplete (``waiting`` while
+it may still upload it, ``missing`` once its last pass is done) and never loaded.
 """
 
 from __future__ import annotations
@@ -21,6 +32,8 @@ from collections.abc import Iterable
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "EMPTY_GRACE_S",
+    "EMPTY_REFRESH_S",
     "INDEX_FORMAT",
     "CheckpointView",
     "FileEntry",
@@ -31,10 +44,27 @@ __all__ = [
     "encode_relpath",
     "merge_parts",
     "natural_key",
+    "parse_time",
     "utc_now",
 ]
 
 INDEX_FORMAT = "slurm-bt-checkpoint-index/1"
+
+EMPTY_GRACE_S = 60.0
+"""How long after a checkpoint's upload a rank must still have seen an empty ``BT_CHECKPOINT_DIR``
+to count as a rank that writes none (sharded trainers create their part's directory as they start
+saving, well within this; the uploaders refresh ``empty_at`` every :data:`EMPTY_REFRESH_S`)."""
+
+EMPTY_REFRESH_S = 30.0
+"""How often a rank whose ``BT_CHECKPOINT_DIR`` stays empty republishes ``empty_at`` (one small write)."""
+
+
+def parse_time(stamp: str) -> float:
+    """Seconds since the epoch of an index timestamp (0.0 when it cannot be parsed)."""
+    try:
+        return _dt.datetime.fromisoformat(stamp).timestamp()
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def utc_now() -> str:
@@ -155,6 +185,21 @@ class RankIndex(_Model):
     checkpoints: tuple[RankCheckpoint, ...] = ()
     uploading: tuple[RankCheckpoint, ...] = ()
     """Checkpoints in flight: the files verified so far (lets a restart skip them; never listed)."""
+    empty_at: str | None = None
+    """Latest time this rank's uploader saw no directory at all in its ``BT_CHECKPOINT_DIR`` (None as
+    soon as one appears): evidence that the trainer writes no checkpoint on this node."""
+    expired: dict[str, float] = Field(default_factory=dict)
+    """Checkpoints this rank deleted under the job's retention policy: name → the newest mtime they
+    had (the uploader uploads such a name again only if the trainer rewrites it)."""
+    final: bool = False
+    """The uploader's last pass of the current run is done (the start commands had ended): what this
+    rank lists is all it will list for that run. Reset when a restarted run's uploader starts."""
+
+    def without(self, names: Iterable[str]) -> RankIndex:
+        """A copy with the named checkpoints dropped (retention)."""
+        drop = set(names)
+        return self.model_copy(update={"checkpoints": tuple(c for c in self.checkpoints if c.name not in drop),
+                                       "updated": utc_now()})
 
     def with_checkpoint(self, ckpt: RankCheckpoint) -> RankIndex:
         """A copy with ``ckpt`` added or replaced (by name), sorted naturally."""
@@ -174,13 +219,20 @@ class CheckpointView(_Model):
         name: checkpoint name.
         created: the latest ``created`` among its ranks.
         ranks: rank → files, for every rank that uploaded it.
-        complete: every rank of the job (``group_size``) has it.
+        complete: every rank of the job (``group_size``) has it or has reported that it writes no
+            checkpoint (module docstring); only complete checkpoints are latest or loadable.
+        waiting: ranks that lack it but may still upload it (or have not reported yet).
+        missing: ranks that write checkpoints, made their last pass, and lack it: never complete.
+        uploaded: when its last rank's upload was verified, UTC.
     """
 
     name: str
     created: str
     ranks: dict[int, tuple[FileEntry, ...]]
     complete: bool
+    waiting: tuple[int, ...] = ()
+    missing: tuple[int, ...] = ()
+    uploaded: str = ""
 
     @property
     def size(self) -> int:
@@ -204,6 +256,8 @@ class JobIndex(_Model):
     group_size: int
     updated: str
     checkpoints: tuple[CheckpointView, ...] = ()
+    expired: tuple[str, ...] = ()
+    """Checkpoint names some rank deleted under the retention policy (never loadable again)."""
 
     def get(self, name: str) -> CheckpointView | None:
         """The named checkpoint, or None."""
@@ -215,26 +269,55 @@ class JobIndex(_Model):
         return max(done, key=lambda c: (c.created, natural_key(c.name)), default=None)
 
 
+def _lacking(part: RankIndex | None, uploaded: float) -> str:
+    """Why a rank that does not list a checkpoint uploaded at ``uploaded`` (epoch) does not block it.
+
+    ``ok``: the rank writes no checkpoints (it reported so); ``missing``: it writes checkpoints and
+    its last pass is done; ``waiting``: it has not reported (yet) or may still upload it.
+    """
+    if part is None:
+        return "waiting"
+    if part.checkpoints:
+        return "missing" if part.final else "waiting"
+    if part.empty_at is None:
+        return "waiting"
+    if part.final or parse_time(part.empty_at) >= uploaded + EMPTY_GRACE_S:
+        return "ok"
+    return "waiting"
+
+
 def merge_parts(parts: Iterable[RankIndex]) -> JobIndex | None:
-    """Merge rank parts into the job's index (None when there are none)."""
+    """Merge rank parts into the job's index (None when there are none); completeness per the module docstring."""
     plist = sorted(parts, key=lambda p: p.rank)
     if not plist:
         return None
     first = plist[0]
     group = max(p.group_size for p in plist)
+    by_rank = {p.rank: p for p in plist}
     by_name: dict[str, dict[int, RankCheckpoint]] = {}
     for part in plist:
         for ckpt in part.checkpoints:
             by_name.setdefault(ckpt.name, {})[part.rank] = ckpt
+    expired = {n for p in plist for n in p.expired}
     views = []
     for name in sorted(by_name, key=natural_key):
         ranks = by_name[name]
+        uploaded = max(c.uploaded for c in ranks.values())
+        at = parse_time(uploaded)
+        verdicts = {r: _lacking(by_rank.get(r), at) for r in range(group) if r not in ranks}
+        waiting = tuple(r for r, v in verdicts.items() if v == "waiting")
+        missing = tuple(r for r, v in verdicts.items() if v == "missing")
         views.append(CheckpointView(
             name=name,
             created=max(c.created for c in ranks.values()),
             ranks={r: c.files for r, c in sorted(ranks.items())},
-            complete=set(ranks) >= set(range(group)),
+            # A name some rank deleted under retention lacks that rank's part for good.
+            complete=not waiting and not missing and name not in expired,
+            waiting=waiting,
+            missing=missing,
+            uploaded=uploaded,
         ))
     return JobIndex(project_name=first.project_name, project_id=first.project_id, job_id=first.job_id,
                     user=first.user, group_size=group, updated=max(p.updated for p in plist),
-                    checkpoints=tuple(views))
+                    checkpoints=tuple(views),
+                    expired=tuple(sorted(expired, key=natural_key)))

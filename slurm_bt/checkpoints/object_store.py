@@ -102,6 +102,10 @@ class ObjectStore:
         """A time-limited GET URL of ``key`` (relative to the prefix), signed with the caller's credentials."""
         return self._backend.presigned_url(key, expires_s)
 
+    def delete_tree(self, key: str) -> None:
+        """Delete every object under ``key/`` (retention of one rank's copy of a checkpoint)."""
+        self._backend.delete_prefix(key)
+
     def head(self, key: str) -> dict[str, Any] | None:
         """S3 ``HeadObject`` with checksums of ``key`` (absolute in the bucket), or None when absent."""
         if self._uploader is None:

@@ -14,6 +14,12 @@ Reference semantics:
 * ``from_latest_checkpoint(project_name=P)``: the newest complete checkpoint of P's newest job that
   has one (jobs ordered by Slurm job id, newest first), as upstream documents it;
 * both: the job, checked to belong to the project.
+* neither (``LoadCheckpointConfig(enabled=True)``'s default ``checkpoints``, upstream's "latest"):
+  the newest complete checkpoint of the job's *own* project; when the project has none yet, the
+  job starts without one (a warning, not an error: a first run starts normally).
+
+On a restart of a requeued job the prepare step may load the job's own newest checkpoint instead
+(:mod:`.resume`).
 
 Trust (docs/checkpoints.md §Trust model): an index is accepted only if it describes the very
 ``<project>/<job>`` it was read from and, in a ``file://`` store, only from a job directory owned by
@@ -38,10 +44,11 @@ from slurm_bt.checkpoints.locations import parse_store_uri, valid_checkpoint_nam
 from slurm_bt.checkpoints.store import CheckpointStore, FileStore, credentials_for, open_store
 from slurm_bt.checkpoints.upload import read_job_index
 from slurm_bt.errors import ConfigError, Problem, StorageError, UntrustedLocation
-from slurm_bt.job_spec import JobSpec, LoadCheckpointSpec, slugify
+from slurm_bt.job_spec import JobSpec, slugify
 from slurm_bt.site.settings import expand_path
 
-__all__ = ["find_job", "open_user_store", "read_trusted_index", "resolve_load_checkpoints", "safe_relpath"]
+__all__ = ["find_job", "is_default_latest", "open_user_store", "pin", "read_trusted_index",
+           "resolve_load_checkpoints", "safe_relpath"]
 
 LOC = "job.runtime.load_checkpoint_config.checkpoints"
 
@@ -134,7 +141,8 @@ def _job_sort_key(job_id: str) -> tuple[int, str]:
     return (int(head) if head.isdigit() else -1, job_id)
 
 
-def _pin(index: JobIndex, view: CheckpointView) -> dict[str, Any]:
+def pin(index: JobIndex, view: CheckpointView) -> dict[str, Any]:
+    """The immutable manifest of one checkpoint (what the nodes download and verify)."""
     return {
         "project_id": index.project_id,
         "project_name": index.project_name,
@@ -145,7 +153,13 @@ def _pin(index: JobIndex, view: CheckpointView) -> dict[str, Any]:
     }
 
 
-def _resolve_one(store: CheckpointStore, ref: dict[str, Any], workspace: str | None) -> tuple[JobIndex, CheckpointView]:
+def is_default_latest(ref: dict[str, Any]) -> bool:
+    """``from_latest_checkpoint()`` with neither a job nor a project: upstream's default reference."""
+    return ref.get("typ") == "baseten_latest_checkpoint" and not ref.get("job_id") and not ref.get("project_name")
+
+
+def _resolve_one(store: CheckpointStore, ref: dict[str, Any], workspace: str | None,
+                 own_project: str | None = None) -> tuple[JobIndex, CheckpointView]:
     typ = ref.get("typ")
     where = store.uri.display()
     if typ == "loops_checkpoint":
@@ -163,7 +177,8 @@ def _resolve_one(store: CheckpointStore, ref: dict[str, Any], workspace: str | N
             raise LookupError(f"checkpoint {name!r} of job {job_id!r} is not complete on every node "
                               f"(ranks {sorted(view.ranks)} of {index.group_size})")
         return index, view
-    latest_job, project_name = ref.get("job_id"), ref.get("project_name")
+    latest_job, project_name = ref.get("job_id"), ref.get("project_name") or (
+        own_project if is_default_latest(ref) else None)
     project_id = slugify(str(project_name), default="project") if project_name else None
     if latest_job:
         index = find_job(store, str(latest_job), project_id=project_id, workspace=workspace)
@@ -204,12 +219,22 @@ def resolve_load_checkpoints(spec: JobSpec, *, workspace: str | None = None,
     problems: list[Problem] = []
     pinned: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
+    warnings: list[str] = []
     try:
         for i, ref in enumerate(load.checkpoints):
             loc = f"{LOC}[{i}]"
             try:
-                index, view = _resolve_one(store, dict(ref), workspace)
-            except (LookupError, UntrustedLocation) as exc:  # a squat or a planted index: this reference fails
+                index, view = _resolve_one(store, dict(ref), workspace, spec.project_name)
+            except LookupError as exc:
+                if is_default_latest(dict(ref)):
+                    # Upstream's default reference on a project without a checkpoint yet: the first
+                    # job of a project must be able to use the same config as the later ones.
+                    warnings.append(f"{loc}: no complete checkpoint of project {spec.project_name!r} yet "
+                                    f"({exc}); the job starts without one")
+                    continue
+                problems.append(Problem(loc, str(exc)))
+                continue
+            except UntrustedLocation as exc:  # a squat or a planted index: this reference fails
                 problems.append(Problem(loc, str(exc)))
                 continue
             bad = [f.path for files in view.ranks.values() for f in files if not safe_relpath(f.path)]
@@ -223,7 +248,7 @@ def resolve_load_checkpoints(spec: JobSpec, *, workspace: str | None = None,
                                         f"<download_folder>/rank-N/{view.name}"))
                 continue
             seen[view.name] = i
-            pinned.append({**ref, "resolved": _pin(index, view)})
+            pinned.append({**ref, "resolved": pin(index, view)})
     except StorageError:
         raise
     finally:
@@ -231,5 +256,5 @@ def resolve_load_checkpoints(spec: JobSpec, *, workspace: str | None = None,
             store.close()
     if problems:
         raise ConfigError(spec.context.source, problems)
-    new_load = LoadCheckpointSpec(enabled=True, download_folder=load.download_folder, checkpoints=tuple(pinned))
-    return spec.model_copy(update={"load_checkpoint": new_load})
+    new_load = load.model_copy(update={"checkpoints": tuple(pinned)})
+    return spec.model_copy(update={"load_checkpoint": new_load, "warnings": (*spec.warnings, *warnings)})

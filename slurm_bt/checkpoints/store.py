@@ -37,7 +37,7 @@ from typing import Protocol
 from slurm_bt.atomic import atomic_output
 from slurm_bt.checkpoints.locations import parse_store_uri
 from slurm_bt.errors import StorageError, UntrustedLocation
-from slurm_bt.posix.safefs import walk_dirs
+from slurm_bt.posix.safefs import remove_tree_at, walk_dirs
 from slurm_bt.posix.user_files import read_fd_capped
 from slurm_bt.storage.checksums import CHUNK_BYTES, sha256_fd
 from slurm_bt.storage.credentials import Credentials
@@ -80,6 +80,10 @@ class CheckpointStore(Protocol):
 
     def list_dirs(self, prefix: str) -> list[str]:
         """Names of the immediate "subdirectories" of ``prefix``."""
+        ...
+
+    def delete_tree(self, key: str) -> None:
+        """Delete ``key`` and everything below it (retention; only the caller's own job directory)."""
         ...
 
     def close(self) -> None:
@@ -499,6 +503,38 @@ class FileStore:
             raise
         except OSError as exc:
             raise StorageError(str(path), f"cannot write: {exc.strerror}") from exc
+
+    def delete_tree(self, key: str) -> None:
+        """Remove ``root/key`` and everything below it, in a job directory of the caller's own.
+
+        The parent is reached by the checked walk for writing (so only the caller's own job
+        directory, never through a symlink), then :func:`~slurm_bt.posix.safefs.remove_tree_at`
+        removes the entry fd-relative without following anything in it.
+
+        Raises:
+            UntrustedLocation: a component is not the caller's.
+            StorageError: something could not be removed.
+        """
+        parts = self._parts(key)
+        if len(parts) < 3:  # <project>/<job>/<something>: never a project or a job directory
+            raise StorageError(key, "refusing to delete above a job's checkpoint")
+        path = self.root.joinpath(*parts)
+        try:
+            with self._walk(parts[:-1], create=False, write=True) as (dirfd, _):
+                real = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+                try:
+                    report = remove_tree_at(real, parts[-1])
+                finally:
+                    os.close(real)
+        except FileNotFoundError:
+            return
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise StorageError(str(path), f"cannot delete: {exc.strerror}") from exc
+        if report.leftovers:
+            shown = ", ".join(f"{p} ({why})" for p, why in report.leftovers[:3])
+            raise StorageError(str(path), f"not fully deleted: {shown}")
 
     def list_dirs(self, prefix: str) -> list[str]:
         """Immediate subdirectories (symlinks and, at the top, projects not of your teams are left out).

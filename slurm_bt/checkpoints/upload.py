@@ -9,7 +9,12 @@ flush and the hand-off resumer, so all three behave the same:
   ``uploading`` section (at most every few seconds), so a restart after ``kill -9`` re-hashes those
   files locally and skips the ones whose sha256 and stored copy still match instead of sending them
   again; incomplete multipart uploads of the file that was in flight are aborted by the store;
-* everything is keyed by (project, job, rank, checkpoint, path), so running twice changes nothing.
+* everything is keyed by (project, job, rank, checkpoint, path), so running twice changes nothing;
+* each rank also *reports* in its part whether its ``BT_CHECKPOINT_DIR`` holds any directory at all
+  (``empty_at``) and when its last pass of a run is done (``final``): that is how a checkpoint
+  written by rank 0 alone becomes complete (:mod:`.index`, :meth:`RankUploader.report`);
+* retention (:meth:`RankUploader.apply_retention`) drops this rank's copies of the checkpoints the
+  job's policy (:mod:`.retention`) no longer keeps, recording them as ``expired``.
 """
 
 from __future__ import annotations
@@ -27,21 +32,53 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from slurm_bt.checkpoints.index import (
+    EMPTY_REFRESH_S,
     FileEntry,
     JobIndex,
     RankCheckpoint,
     RankIndex,
     encode_relpath,
     merge_parts,
+    parse_time,
     utc_now,
 )
-from slurm_bt.checkpoints.locations import file_key, index_key, rank_index_key
+from slurm_bt.checkpoints.locations import checkpoint_key, file_key, index_key, rank_index_key
+from slurm_bt.checkpoints.retention import RetentionPolicy, select_expired
 from slurm_bt.checkpoints.scan import CheckpointFile, CompletionTracker, DirState, scan_dir
 from slurm_bt.checkpoints.store import CheckpointStore
 from slurm_bt.errors import DeadlineExceeded, StorageError
 from slurm_bt.posix.user_files import UnsafeFile, open_user_file
 
-__all__ = ["JobIdentity", "RankUploader", "read_job_index", "read_rank_part"]
+__all__ = ["JobIdentity", "RankUploader", "has_directories", "read_job_index", "read_rank_part"]
+
+_EMPTY_SCAN_MAX = 10000
+"""Entries looked at when deciding whether ``BT_CHECKPOINT_DIR`` is empty (beyond: "not empty")."""
+
+
+def has_directories(checkpoint_dir: Path) -> bool:
+    """Whether ``checkpoint_dir`` holds anything but regular files (a checkpoint, or one being written).
+
+    Why anything: a trainer writing its part of a sharded checkpoint has a directory there (often a
+    dot or ``tmp-`` name first); only a directory with no such entry is evidence that this node
+    writes no checkpoints. Opened without following a symlink; an unreadable directory counts as
+    not empty (no evidence). Missing: empty.
+    """
+    try:
+        fd = os.open(checkpoint_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        with os.scandir(fd) as it:
+            for count, entry in enumerate(it):
+                if count >= _EMPTY_SCAN_MAX or not entry.is_file(follow_symlinks=False):
+                    return True
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 @dataclass(frozen=True)
@@ -135,10 +172,12 @@ class RankUploader:
                                                user=i.user, rank=i.rank, group_size=i.group_size, updated=utc_now())
         return self._part
 
-    def _publish(self, part: RankIndex) -> None:
+    def _publish(self, part: RankIndex, *, rewrite_index: bool = True) -> None:
         i = self.ident
         self.store.write_bytes(rank_index_key(i.project_id, i.job_id, i.rank), part.model_dump_json(indent=1).encode())
         self._part = part
+        if not rewrite_index:
+            return
         parts = [part]
         for rank in range(i.group_size):
             if rank != i.rank:
@@ -162,6 +201,9 @@ class RankUploader:
             reason = self.tracker.completion(state, final=final)
             if reason is None or self._uploaded_sig.get(state.name) == state.signature:
                 continue
+            expired_at = part.expired.get(state.name)
+            if expired_at is not None and state.newest_mtime <= expired_at:
+                continue  # dropped by retention; uploaded again only if the trainer rewrites it
             if _unchanged_since_upload(part.get(state.name), state):
                 self._uploaded_sig[state.name] = state.signature  # uploaded by an earlier process
                 continue
@@ -222,8 +264,9 @@ class RankUploader:
                               completion=completion, files=tuple(sorted(entries.values(), key=lambda e: e.path)),
                               source_mtime=state.newest_mtime)
         new_part = self.part().with_checkpoint(ckpt)
-        new_part = new_part.model_copy(update={"uploading": tuple(c for c in _uploading_all(new_part)
-                                                                   if c.name != state.name)})
+        new_part = new_part.model_copy(update={
+            "uploading": tuple(c for c in _uploading_all(new_part) if c.name != state.name),
+            "expired": {n: t for n, t in new_part.expired.items() if n != state.name}})
         self._publish(new_part)
         self._uploaded_sig[state.name] = state.signature
         total = ckpt.size
@@ -235,6 +278,66 @@ class RankUploader:
             self.log(i.rank, f"{state.name}: skipped (symlink out of the checkpoint or special file): "
                              f"{', '.join(state.skipped[:5])}")
         return ckpt
+
+    def report(self, *, final: bool = False, start: bool = False) -> None:
+        """Publish what this rank says about itself: ``empty_at`` and ``final`` (:mod:`.index`).
+
+        ``start``: a (re)started run's uploader; clears the previous run's ``final``. ``final``: the
+        last pass of this run is done. Otherwise a heartbeat: ``empty_at`` is refreshed at most every
+        :data:`~slurm_bt.checkpoints.index.EMPTY_REFRESH_S` while the directory stays empty (only this
+        rank's part is written then), cleared as soon as a directory appears.
+
+        Raises:
+            StorageError: the store cannot be written.
+        """
+        part = self.part()
+        known = part.checkpoints or part.empty_at is not None or part.final or part.uploading
+        if has_directories(self.checkpoint_dir):
+            empty_at = None
+        elif final or start or part.empty_at is None or time.time() - parse_time(part.empty_at) >= EMPTY_REFRESH_S:
+            empty_at = utc_now()
+        else:
+            empty_at = part.empty_at
+        if empty_at == part.empty_at and final == part.final and (known or empty_at is None):
+            return
+        # Only a change of state needs the merged index.json rewritten; a refresh of empty_at does not
+        # (readers merge the parts themselves).
+        transition = (empty_at is None) != (part.empty_at is None) or final != part.final
+        self._publish(part.model_copy(update={"empty_at": empty_at, "final": final, "updated": utc_now()}),
+                      rewrite_index=transition)
+
+    def apply_retention(self, policy: RetentionPolicy) -> list[str]:
+        """Drop this rank's copies of the checkpoints ``policy`` no longer keeps; returns their names.
+
+        Every rank decides from the same merged index (:func:`~slurm_bt.checkpoints.retention.select_expired`,
+        which never picks the newest complete checkpoint: what a restart loads), so the ranks agree;
+        a name one rank already expired is expired by the others too. The part is published first
+        (so no index lists a file about to go), then the files are deleted.
+
+        Raises:
+            StorageError: the store cannot be read or written.
+        """
+        if not policy.active:
+            return []
+        i = self.ident
+        index = read_job_index(self.store, i.project_id, i.job_id, i.group_size)
+        if index is None:
+            return []
+        part = self.part()
+        names = [n for n in select_expired(index, policy) if part.get(n) is not None]
+        if not names:
+            return []
+        expired = {**part.expired, **{n: c.source_mtime for n in names if (c := part.get(n)) is not None}}
+        self._publish(part.without(names).model_copy(update={"expired": expired}))
+        for name in names:
+            self._uploaded_sig.pop(name, None)
+            try:
+                self.store.delete_tree(checkpoint_key(i.project_id, i.job_id, i.rank, name))
+            except StorageError as exc:
+                self.log(i.rank, f"retention: {name} dropped from the index but its files were not all "
+                                 f"deleted: {exc}")
+        self.log(i.rank, f"retention ({policy.describe()}): deleted {', '.join(names)}")
+        return names
 
     def _upload_file(self, name: str, f: CheckpointFile, prev: FileEntry | None, skipped: list[int]) -> FileEntry:
         i = self.ident

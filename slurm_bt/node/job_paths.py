@@ -144,7 +144,7 @@ def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | N
             make_dirs.append(path)
             env.append(("BT_CHECKPOINT_DIR", path))
 
-    if spec.load_checkpoint.enabled:
+    if spec.load_checkpoint.enabled or spec.load_checkpoint.resume:  # resume: slurm_bt/checkpoints/resume.py
         host = f"{mnt}/loaded_checkpoints"
         make_dirs.append(host)
         if in_container:

@@ -13,6 +13,10 @@ step runs on the host for every container runtime.
 Usage: ``python -I -m slurm_bt.steps.checkpoint_agent JOB_JSON``. Tunables (environment, e.g. via the
 config's ``environment_variables``): ``BT_CHECKPOINT_POLL_S`` (default 5), ``BT_CHECKPOINT_QUIET_S``
 (default 120, see :mod:`slurm_bt.checkpoints.scan`), ``BT_CHECKPOINT_FINAL_FLUSH_S`` (default 86400).
+Retention (``spec.checkpointing.keep_last``/``max_bytes``, :mod:`slurm_bt.checkpoints.retention`) runs
+here after each upload and after the final pass, never in the epilog: the checkpoint a queued
+restart will load is never deleted. Each pass also reports this rank's state (``empty_at``,
+``final``) so rank-0-only checkpoints of a multi-node job are complete (:mod:`slurm_bt.checkpoints.index`).
 Exit status: 0 when everything was uploaded, 1 otherwise (the job itself is not failed by it).
 """
 
@@ -27,6 +31,7 @@ from types import FrameType
 
 from slurm_bt.checkpoints.flush import build_uploader, prolog_team, write_state
 from slurm_bt.checkpoints.locations import host_checkpoint_dir, is_shared_fs
+from slurm_bt.checkpoints.retention import RetentionPolicy
 from slurm_bt.errors import BtError, DeadlineExceeded
 from slurm_bt.job_spec import JobSpec
 
@@ -73,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     except (BtError, OSError, ValueError, KeyError) as exc:
         _log(f"cannot start: {exc}")
         return 1
+    policy = RetentionPolicy(keep_last=spec.checkpointing.keep_last, max_bytes=spec.checkpointing.max_bytes)
+    try:
+        # A (re)started run: this rank reports again (clears the earlier run's "final"), so a
+        # checkpoint only rank 0 writes can become complete while the job runs (slurm_bt/checkpoints/index.py).
+        uploader.report(start=True)
+    except (BtError, OSError) as exc:
+        _log(f"cannot report to the store yet (will retry): {exc}")
     poll_s = float(env.get("BT_CHECKPOINT_POLL_S", "5"))
     finish = finish_path(spec, job_id)
     _log(f"watching {ckpt_dir} -> {uploader.store.uri.display()} (rank {rank})")
@@ -80,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not stop["term"] and not finish.exists():
             try:
-                uploader.run_once(final=False)
+                if uploader.run_once(final=False):
+                    uploader.apply_retention(policy)
+                uploader.report()
                 failures = 0
             except (BtError, OSError) as exc:
                 failures += 1
@@ -100,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = float(env.get("BT_CHECKPOINT_FINAL_FLUSH_S", "86400"))
     try:
         done = uploader.run_once(final=True, deadline=time.monotonic() + budget)
+        uploader.report(final=True)
+        uploader.apply_retention(policy)
     except (BtError, OSError, DeadlineExceeded) as exc:
         _log(f"final flush incomplete ({type(exc).__name__}: {exc}); the epilog retries")
         return 1

@@ -142,12 +142,15 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str
 
         check_upload_location(spec.storage["checkpoint_store"], spec.project_id, job_id,
                               account=team or environ.get("SLURM_JOB_ACCOUNT"))
-    if spec.load_checkpoint.enabled:  # pinned at submit; verified by sha256 (docs/checkpoints.md)
-        from slurm_bt.checkpoints.download import download_pinned, host_load_dir
+    if spec.load_checkpoint.enabled or spec.load_checkpoint.resume:
+        # Pinned at submit, or on a restart the job's own newest complete checkpoint (automatic
+        # resume); verified by sha256 (docs/checkpoints.md).
+        from slurm_bt.checkpoints.download import host_load_dir
+        from slurm_bt.checkpoints.resume import resume_or_load
 
         load_dir = host_load_dir(spec, job_id, environ.get("SLURMD_NODENAME"))
         if load_dir is not None:
-            download_pinned(spec, load_dir)
+            resume_or_load(spec, environ, load_dir)
     store = SecretStore(Path(user_path(spec.storage["secrets"])))
     runtime = Path(layout.runtime)
     _make_user_runtime(runtime.parent)

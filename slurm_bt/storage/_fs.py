@@ -99,6 +99,21 @@ class FsspecBackend(Backend):
                               f"{type(exc).__name__}: {exc}", file=path) from exc
         return str(url)
 
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete everything under ``prefix/`` (fsspec ``rm`` recursive); returns the objects listed first."""
+        base = self._fs_path(prefix.strip("/"))
+        if not prefix.strip("/"):
+            raise SourceError(self.url.canonical, "refusing to delete the whole store", file=prefix)
+        self.fs.invalidate_cache()
+        try:
+            found = self._call("listing", self.fs.find, base.rstrip("/") + "/")
+        except SourceNotFoundError:
+            return 0
+        if found:
+            self._call("delete", self.fs.rm, list(found), file=prefix)
+            self.fs.invalidate_cache()
+        return len(found)
+
     def list_dirs(self, prefix: str) -> list[str]:
         """Immediate "subdirectories" of ``prefix`` (common prefixes)."""
         base = self._fs_path(prefix.strip("/"))

@@ -322,6 +322,10 @@ class Backend:
         """Names of the immediate "subdirectories" of ``prefix``."""
         raise SourceError(self.url.canonical, f"{self.url.scheme}:// cannot list directories")
 
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix/`` (checkpoint retention); returns how many."""
+        raise SourceError(self.url.canonical, f"{self.url.scheme}:// cannot delete here", file=prefix)
+
     def etag_is_md5(self, file: RemoteFile) -> bool:
         """Whether ``file``'s ETag really is its content's MD5 (asked only after an MD5 mismatch)."""
         return True

@@ -371,6 +371,29 @@ class S3Backend(Backend):
             raise self.map_error(exc, file=base) from exc
         return sorted(names)
 
+    def delete_prefix(self, prefix: str) -> int:
+        """``ListObjectsV2`` then ``DeleteObjects`` (1000 keys a request) under ``prefix/``."""
+        full = self.url.key_for(prefix.strip("/"))
+        if not full:
+            raise SourceError(self.url.canonical, "refusing to delete the whole store", file=prefix)
+        base = f"{full.rstrip('/')}/"
+        count = 0
+        try:
+            for page in self._meta.get_paginator("list_objects_v2").paginate(Bucket=self.url.container, Prefix=base):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                for i in range(0, len(keys), 1000):
+                    resp = self._meta.delete_objects(Bucket=self.url.container,
+                                                     Delete={"Objects": keys[i:i + 1000], "Quiet": True})
+                    if resp.get("Errors"):
+                        err = resp["Errors"][0]
+                        raise SourceError(self.url.canonical, f"delete failed: {err.get('Code')}", file=err.get("Key"))
+                    count += len(keys[i:i + 1000])
+        except SourceError:
+            raise
+        except Exception as exc:
+            raise self.map_error(exc, file=base) from exc
+        return count
+
     def close(self) -> None:
         """Close the clients' connection pools."""
         if self._pool is not None:
