@@ -268,6 +268,21 @@ class RemoteSession:
             raise RemoteError(self.target.name, f"running {argv[0] if argv else '?'} failed: {exc}") from exc
         return code, "".join(out), "".join(err)
 
+    def open_channel(self) -> Any:
+        """A new session channel on the open connection, for callers that drive it themselves
+        (``slurm-bt ssh --host``: a pseudo-terminal and both directions at once, slurm_bt/remote/interactive.py).
+
+        Raises:
+            RemoteError: not connected, or the server refused a new channel.
+        """
+        import paramiko
+
+        client = self._require()
+        try:
+            return client.get_transport().open_session(timeout=self.target.connect_timeout_s)
+        except (OSError, paramiko.SSHException) as exc:
+            raise RemoteError(self.target.name, f"cannot open a channel: {exc}") from exc
+
     def mkdtemp(self, prefix: str = "slurm-bt-") -> str:
         """A private temporary directory on the login node (``mktemp -d``)."""
         result = self.run(["mktemp", "-d", "-t", f"{prefix}XXXXXXXX"], timeout_s=60)

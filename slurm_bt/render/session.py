@@ -1,0 +1,79 @@
+"""What an interactive session runs on a node of a running job (``slurm-bt ssh``). Pure: no I/O.
+
+The shell is a new step of the job (``srun --overlap --pty``, :mod:`slurm_bt.slurm.srun`), so it
+does not inherit the start commands' environment. Step 2's ``node_entry.sh`` saves that environment
+(minus secrets and ``SLURM_*``) in ``<runtime>/node-<rank>.session`` when the config has an
+``interactive_session`` (:func:`slurm_bt.render.batch_script.session_env_path`); the session script
+below loads it, changes to the start commands' working directory and starts an interactive bash (or
+runs one command). Where it runs:
+
+* ``none``: on the host, like the start commands (without the bubblewrap weights view: weights are
+  read from their host cache paths);
+* ``pyxis``: inside the job's running container (step 2 is named ``bt-session-<job id>``; pyxis's
+  ``--container-name=NAME:exec`` enters its namespaces);
+* ``apptainer``: in a new ``apptainer exec`` of the job's image with the job's bind mounts (apptainer
+  has no "enter the running instance" for a plain ``exec``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slurm_bt.job_spec import JobSpec
+from slurm_bt.node.job_paths import job_layout
+from slurm_bt.render.batch_script import SESSION_CONTAINER_PREFIX, session_env_path
+
+__all__ = ["SESSION_SCRIPT", "SessionCommand", "session_command"]
+
+# $1: the saved environment, $2: the working directory, $3 (optional): one command for bash -c.
+# Only names made of [A-Za-z0-9_] are exported, and never SLURM_*: the attach step has its own.
+SESSION_SCRIPT = r"""bt_env="$1"; bt_dir="$2"
+if [ -f "$bt_env" ] && [ -r "$bt_env" ]; then
+  while IFS= read -r -d '' bt_kv; do
+    case "${bt_kv%%=*}" in SLURM_*|''|*[!A-Za-z0-9_]*) ;; *) export "$bt_kv" ;; esac
+  done < "$bt_env"
+else
+  echo "slurm-bt: the job's environment is not available on this node (its start commands have not" \
+       "started here yet, or the config has no interactive_session): BT_* variables are not set" >&2
+fi
+cd -- "$bt_dir" 2>/dev/null || cd || true
+if [ -n "${3:-}" ]; then bt_cmd="$3"; unset bt_env bt_dir bt_kv; exec /bin/bash -c "$bt_cmd"; fi
+unset bt_env bt_dir bt_kv
+exec /bin/bash -i
+"""
+
+
+@dataclass(frozen=True)
+class SessionCommand:
+    """The node side of a session: srun container options, the command, the step's time limit."""
+
+    container_args: tuple[str, ...]
+    command: tuple[str, ...]
+    time_limit_min: int | None
+
+
+def session_command(spec: JobSpec, job_id: str, node: str, rank: int, command: str | None = None) -> SessionCommand:
+    """What ``srun`` runs for a session on ``node`` (node ``rank`` of the job).
+
+    ``timeout_minutes`` bounds an ``on_startup``/``on_demand`` shell (the step's ``--time``); an
+    ``on_failure`` shell is bounded by the hold that keeps the job (docs/cli.md).
+    """
+    layout = job_layout(spec, job_id=job_id, node=node)
+    env_file = session_env_path(spec, job_id, rank)
+    script = ["/bin/bash", "-c", SESSION_SCRIPT, "bt-session", env_file, layout.workdir]
+    if command is not None:
+        script.append(command)
+    limit = None
+    if spec.interactive is not None and spec.interactive.trigger != "on_failure":
+        limit = spec.interactive.timeout_minutes
+    if spec.container_runtime == "pyxis":
+        args = (f"--container-name={SESSION_CONTAINER_PREFIX}{job_id}:exec",
+                f"--container-workdir={layout.workdir}")
+        return SessionCommand(args, tuple(script), limit)
+    if spec.container_runtime == "apptainer":
+        binds: list[str] = []
+        for b in layout.binds:
+            binds += ["--bind", f"{b.source}:{b.target}" + (":ro" if b.read_only else "")]
+        wrapped = ["apptainer", "exec", "--nv", *binds, "--pwd", layout.workdir, f"docker://{spec.image}", *script]
+        return SessionCommand((), tuple(wrapped), limit)
+    return SessionCommand((), tuple(script), limit)
