@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from slurm_bt.checkpoints.index import CheckpointView
 from slurm_bt.cli.errors import handle_errors
 from slurm_bt.errors import Problem, UserError
 from slurm_bt.units import format_bytes
@@ -37,6 +38,17 @@ def _job_index(job_id: str):  # type: ignore[no-untyped-def]
     return store, index
 
 
+def _completeness(view: CheckpointView, expired: tuple[str, ...]) -> str:
+    """The COMPLETE column: why a checkpoint is not loadable (docs/checkpoints.md, "When is a checkpoint complete?")."""
+    if view.complete:
+        return "yes"
+    if view.name in expired:
+        return "no (deleted by retention on some ranks)"
+    if view.missing:
+        return f"no (rank {','.join(map(str, view.missing))} never uploaded its part)"
+    return f"no (waiting for rank {','.join(map(str, view.waiting))})"
+
+
 @click.group(name="checkpoints")
 def checkpoints_group() -> None:
     """Checkpoints uploaded from $BT_CHECKPOINT_DIR (list, download, resume-handoffs)."""
@@ -57,7 +69,7 @@ def list_command(job_id: str, fmt: str, debug: bool) -> None:
         rows = [("NAME", "CREATED", "RANKS", "FILES", "SIZE", "COMPLETE")]
         for c in index.checkpoints:
             rows.append((c.name, c.created, ",".join(str(r) for r in sorted(c.ranks)), str(c.file_count),
-                         format_bytes(c.size), "yes" if c.complete else f"no ({len(c.ranks)}/{index.group_size})"))
+                         format_bytes(c.size), _completeness(c, index.expired)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         click.echo(f"project {index.project_name} ({index.project_id}), job {index.job_id}, "
                    f"{index.group_size} node(s), store {store.uri.display()}")
