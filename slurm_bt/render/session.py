@@ -23,11 +23,16 @@ from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.job_paths import job_layout
 from slurm_bt.render.batch_script import SESSION_CONTAINER_PREFIX, session_env_path
 
-__all__ = ["SESSION_SCRIPT", "SessionCommand", "session_command"]
+__all__ = ["SESSION_ENV_WAIT_S", "SESSION_SCRIPT", "SessionCommand", "session_command"]
 
-# $1: the saved environment, $2: the working directory, $3 (optional): one command for bash -c.
+# $1: the saved environment, $2: the working directory, $3: seconds to wait for $1 (a session opened
+# as the job starts comes before step 2 has saved it), $4 (optional): one command for bash -c.
 # Only names made of [A-Za-z0-9_] are exported, and never SLURM_*: the attach step has its own.
-SESSION_SCRIPT = r"""bt_env="$1"; bt_dir="$2"
+SESSION_SCRIPT = r"""bt_env="$1"; bt_dir="$2"; bt_wait=$(( ${3:-0} * 2 ))
+if [ ! -f "$bt_env" ] && [ "$bt_wait" -gt 0 ]; then
+  echo "slurm-bt: waiting for the job's start commands to begin on this node (Ctrl-C to give up)" >&2
+  while [ ! -f "$bt_env" ] && [ "$bt_wait" -gt 0 ]; do sleep 0.5; bt_wait=$((bt_wait - 1)); done
+fi
 if [ -f "$bt_env" ] && [ -r "$bt_env" ]; then
   while IFS= read -r -d '' bt_kv; do
     case "${bt_kv%%=*}" in SLURM_*|''|*[!A-Za-z0-9_]*) ;; *) export "$bt_kv" ;; esac
@@ -37,10 +42,14 @@ else
        "started here yet, or the config has no interactive_session): BT_* variables are not set" >&2
 fi
 cd -- "$bt_dir" 2>/dev/null || cd || true
-if [ -n "${3:-}" ]; then bt_cmd="$3"; unset bt_env bt_dir bt_kv; exec /bin/bash -c "$bt_cmd"; fi
-unset bt_env bt_dir bt_kv
+if [ -n "${4:-}" ]; then bt_cmd="$4"; unset bt_env bt_dir bt_kv bt_wait; exec /bin/bash -c "$bt_cmd"; fi
+unset bt_env bt_dir bt_kv bt_wait
 exec /bin/bash -i
 """
+
+
+SESSION_ENV_WAIT_S = 120
+"""How long a session waits for step 2 to save the node's environment (step 1 may be staging checkpoints)."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,9 @@ def session_command(spec: JobSpec, job_id: str, node: str, rank: int, command: s
     """
     layout = job_layout(spec, job_id=job_id, node=node)
     env_file = session_env_path(spec, job_id, rank)
-    script = ["/bin/bash", "-c", SESSION_SCRIPT, "bt-session", env_file, layout.workdir]
+    # Only a job with a session saves its environment: waiting for it is pointless otherwise.
+    wait_s = SESSION_ENV_WAIT_S if spec.interactive is not None else 0
+    script = ["/bin/bash", "-c", SESSION_SCRIPT, "bt-session", env_file, layout.workdir, str(wait_s)]
     if command is not None:
         script.append(command)
     limit = None

@@ -114,10 +114,21 @@ def test_node_entry_saves_the_environment_without_secrets(tmp_path: Path) -> Non
     assert b"s3cret" not in saved.read_bytes()
     # ... and the session script loads it back (skipping SLURM_* and odd names) before running bash.
     saved.write_bytes(saved.read_bytes() + b"SLURM_JOB_ID=999\0BAD-NAME=x\0")
-    loaded = subprocess.run(["bash", "-c", SESSION_SCRIPT, "bt-session", str(saved), str(tmp_path),
+    loaded = subprocess.run(["bash", "-c", SESSION_SCRIPT, "bt-session", str(saved), str(tmp_path), "0",
                              'echo "$BT_NODE_RANK|$PLAIN|${SLURM_JOB_ID:-unset}|$PWD"'],
                             env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, check=False)
     assert loaded.stdout.strip() == f"1|v|unset|{tmp_path}", loaded
+
+
+def test_session_waits_for_the_environment_only_when_the_job_saves_one(tmp_path: Path) -> None:
+    late = tmp_path / "node-0.session"
+    writer = subprocess.Popen(["bash", "-c", f"sleep 1; printf 'BT_NODE_RANK=0\\0' > {late}"])
+    waited = subprocess.run(["bash", "-c", SESSION_SCRIPT, "bt-session", str(late), str(tmp_path), "10",
+                             'echo "rank=$BT_NODE_RANK"'], capture_output=True, text=True, check=False)
+    writer.wait()
+    assert waited.stdout.strip() == "rank=0" and "waiting for the job's start commands" in waited.stderr
+    without = session_command(spec_for(_config(tmp_path, None)), "42", "n1", 0)
+    assert without.command[-1] == "0" and without.time_limit_min is None
 
 
 def test_session_command_per_runtime(tmp_path: Path) -> None:
@@ -125,7 +136,7 @@ def test_session_command_per_runtime(tmp_path: Path) -> None:
                                "timeout_minutes=30)")
     host = session_command(spec_for(config), "42", "n2", 1)
     assert host.command[:2] == ("/bin/bash", "-c") and host.container_args == ()
-    assert host.command[-2:] == ("/dev/shm/slurm-bt-1001/42/node-1.session", spec_for(config).src_dir)
+    assert host.command[-3:] == ("/dev/shm/slurm-bt-1001/42/node-1.session", spec_for(config).src_dir, "120")
     assert host.time_limit_min == 30
     pyxis = session_command(spec_for(config, PYXIS), "42", "n2", 1, "hostname")
     assert pyxis.container_args == ("--container-name=bt-session-42:exec", "--container-workdir=/b10/workspace")
