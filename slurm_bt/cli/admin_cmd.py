@@ -22,12 +22,13 @@ import click
 
 from slurm_bt.cli.errors import handle_errors
 from slurm_bt.errors import SlurmCommandError
+from slurm_bt.slurm.release import FEATURES, SlurmRelease, feature, features_in_use, parse_release, slurm_release
 
 if TYPE_CHECKING:
     from slurm_bt.slurm.client import SlurmClient
 
-__all__ = ["HANDOFF_UNIT", "Check", "admin_group", "doctor_checks", "render_handoff_units", "render_wrapper",
-           "slurm_conf_lines"]
+__all__ = ["HANDOFF_UNIT", "Check", "admin_group", "doctor_checks", "release_checks", "render_handoff_units",
+           "render_wrapper", "slurm_conf_lines"]
 
 _WRAPPER = """#!/bin/sh
 # slurm-bt {kind} wrapper, written by `slurm-bt admin install` (contract: {kind}/README.md).
@@ -107,18 +108,39 @@ def render_handoff_units(python: str, site: str | None) -> dict[str, str]:
     }
 
 
-def slurm_conf_lines(prolog: str, epilog: str, deadline_s: float, gres: dict[str, str]) -> list[str]:
-    """The slurm.conf (and gres.conf) lines the hooks assume, with one comment line each."""
+def slurm_conf_lines(prolog: str, epilog: str, deadline_s: float, gres: dict[str, str],
+                     release: SlurmRelease | None = None) -> list[str]:
+    """The slurm.conf (and gres.conf) lines the hooks assume, with one comment line each.
+
+    ``release`` (the Slurm release being configured; ``None``: unknown, 22.05's lines, which every
+    later release still accepts) adds what newer releases offer (slurm_bt/slurm/release.py FEATURES).
+    """
     timeout = max(120, int(deadline_s) + 30)
+    has = features_in_use(release, {"SlurmctldParameters": "enable_expedited_requeue"})
+    flags = "Alloc,Contain,DeferBatch" + (",ForceRequeueOnFail" if has["prolog_force_requeue_on_fail"] else "")
     lines = [
-        "# --- slurm.conf ---",
+        "# --- slurm.conf ---" + (f" (Slurm {release})" if release is not None else ""),
         f"Prolog={prolog}",
         f"Epilog={epilog}",
         "# Alloc: prolog at allocation on every node; Contain: extern step; DeferBatch: the batch",
         "# script starts only after the prolog finished on ALL nodes (22.05: DeferBatch does not imply Alloc).",
-        "PrologFlags=Alloc,Contain,DeferBatch",
-        f"# Default is to wait forever; the hooks stop themselves after deadline_s={deadline_s:.0f} s.",
-        f"PrologEpilogTimeout={timeout}",
+    ]
+    if has["prolog_force_requeue_on_fail"]:
+        lines.append("# ForceRequeueOnFail (>= 23.02): a job whose prolog found a node fault is requeued onto "
+                     "another node,")
+        lines.append("# even when it asked for no requeue (a user mistake never fails the prolog: it fails the job).")
+    lines.append(f"PrologFlags={flags}")
+    lines.append(f"# Default is to wait forever; the hooks stop themselves after deadline_s={deadline_s:.0f} s.")
+    if has["split_hook_timeouts"]:
+        lines.append("# >= 25.05: one bound per hook (PrologEpilogTimeout is deprecated).")
+        lines += [f"PrologTimeout={timeout}", f"EpilogTimeout={timeout}"]
+    else:
+        lines.append(f"PrologEpilogTimeout={timeout}")
+    if has["requeue_expedite"]:
+        lines.append("# >= 25.11: requeued long runs start again at once with top priority (--requeue=expedite);")
+        lines.append("# merge it into an existing SlurmctldParameters line (a second line replaces the first).")
+        lines.append("SlurmctldParameters=enable_expedited_requeue")
+    lines += [
         "# Optional: a prolog failure requeues the job pending instead of held.",
         "SchedulerParameters=nohold_on_prolog_fail",
         "GresTypes=gpu",
@@ -128,7 +150,8 @@ def slurm_conf_lines(prolog: str, epilog: str, deadline_s: float, gres: dict[str
         "AccountingStoreFlags=job_comment",
         "# Comments, work dirs and commands are visible to every user by default:",
         "PrivateData=jobs,usage",
-        "# In each NodeName= line: Gres=gpu:<type>:<count>",
+        "# In each NodeName= line: Gres=gpu:<type>:<count>, and a feature of the node's own, e.g. its name",
+        "# (NodeName=gpu07 Features=gpu07): jobs then prefer nodes that hold their weights (--prefer).",
     ]
     lines.append("# --- gres.conf ---")
     for accel, gtype in sorted(gres.items()):
@@ -145,6 +168,8 @@ class Check:
     problem: str = ""
     fix: str = ""
     warn: bool = False
+    #: Not a finding: what doctor saw (the release, the features in use), printed as ``info``.
+    info: bool = False
 
 
 def _slurm() -> SlurmClient:
@@ -264,6 +289,70 @@ def _runtime_root_check(template: str) -> Check:
     return Check("runtime root", True)
 
 
+def _timeout_value(conf: dict[str, str], key: str) -> int | None:
+    """``PrologTimeout = 120`` / ``120 sec`` → 120; absent, unset or unreadable → ``None``."""
+    raw = conf.get(key, "").split()
+    try:
+        return int(raw[0]) if raw else None
+    except ValueError:
+        return None
+
+
+def _hook_timeout_checks(conf: dict[str, str], release: SlurmRelease | None, deadline_s: float) -> list[Check]:
+    """How long slurmd lets each hook run: past the hooks' own deadline, but not for ever (65534: unset).
+
+    From 25.05 the bound is per hook (``PrologTimeout``, ``EpilogTimeout``; each defaults to the
+    deprecated ``PrologEpilogTimeout``); before, one ``PrologEpilogTimeout`` bounds both.
+    """
+    want = int(deadline_s) + 30
+    common = _timeout_value(conf, "PrologEpilogTimeout")
+    split = release is not None and release.at_least(*feature("split_hook_timeouts").since)
+    keys = ("PrologTimeout", "EpilogTimeout") if split else ("PrologEpilogTimeout",)
+    out: list[Check] = []
+    for key in keys:
+        value = _timeout_value(conf, key) if split else common
+        if value is None and split:
+            value = common  # 25.05+: an unset per-hook timeout falls back to PrologEpilogTimeout
+        value = 65534 if value is None else value
+        if value >= 65534 or value < deadline_s + 10:
+            fix = f"{key}={want}" if not split else f"PrologTimeout={want} and EpilogTimeout={want} (Slurm >= 25.05)"
+            out.append(Check(key, False, f"{key}={value} with hook deadline_s={deadline_s:.0f}", fix))
+        else:
+            out.append(Check(key, True))
+    return out
+
+
+def release_checks(release: SlurmRelease | None, conf: dict[str, str],
+                   nodes: list[dict[str, str]] | None = None) -> list[Check]:
+    """``info`` lines: the Slurm release and, per feature of newer releases, whether slurm-bt uses it.
+
+    ``nodes`` (``scontrol show node``) tells whether ``--prefer`` can favour a node: only a node with
+    a feature of its own can be (slurm_bt/slurm/prefer.py).
+    """
+    from slurm_bt.slurm.prefer import prefer_expression
+
+    if release is None:
+        return [Check("Slurm release", True, "unknown (neither SLURM_VERSION nor `scontrol --version` says); "
+                      "no optional feature is used", info=True)]
+    out = [Check("Slurm release", True, f"Slurm {release} (docs/slurm-releases.md)", info=True)]
+    in_use = features_in_use(release, conf)
+    for f in FEATURES:
+        if in_use[f.name] and f.name == "prefer" and nodes is not None and not any(
+                prefer_expression(nodes, [n.get("NodeName", "")]) for n in nodes):
+            state = ("available, no effect: no node has a feature of its own to prefer it by "
+                     "(e.g. NodeName=gpu07 Features=gpu07)")
+        elif in_use[f.name]:
+            state = "in use"
+        elif not release.at_least(*f.since):
+            state = f"not on {release.major:02d}.{release.minor:02d}"
+        elif f.needs_config is not None:
+            state = f"available, off: add {f.needs_config[1]} to {f.needs_config[0]}"
+        else:
+            state = "available"
+        out.append(Check(f"feature {f.name} (>= {f.since_text})", True, f"{state}: {f.what}", info=True))
+    return out
+
+
 def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None) -> list[Check]:
     """Run every check for this host's ``nodes``; see the module docstring."""
     from slurm_bt.posix.job_notes import STATE_ROOT
@@ -313,22 +402,25 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
                 checks.append(Check(f"{key} script", False, f"interpreter {py} is missing", "slurm-bt admin install"))
             else:
                 checks.append(Check(f"{key} script", True))
+        release = parse_release(conf.get("SLURM_VERSION", "")) or slurm_release(_slurm())
+        try:
+            known_nodes: list[dict[str, str]] | None = _slurm().nodes()
+        except SlurmCommandError:
+            known_nodes = None
+        checks += release_checks(release, conf, known_nodes)
         flags = conf.get("PrologFlags", "")
         if "Alloc" not in flags or "DeferBatch" not in flags:
             checks.append(Check("PrologFlags", False, f"PrologFlags={flags}",
                                 "PrologFlags=Alloc,Contain,DeferBatch (prolog on every node before the batch step)"))
+        elif release is not None and release.at_least(*feature("prolog_force_requeue_on_fail").since) and \
+                "ForceRequeueOnFail" not in flags.split(","):
+            checks.append(Check("PrologFlags", True, f"add ForceRequeueOnFail (Slurm >= 23.02): PrologFlags={flags},"
+                                "ForceRequeueOnFail requeues a job whose prolog found a node fault onto another node "
+                                "even when it asked for no requeue"))
         else:
             checks.append(Check("PrologFlags", True))
         checks.append(_proctrack_check(conf.get("ProctrackType", "")))
-        try:
-            timeout = int(conf.get("PrologEpilogTimeout", "65534").split()[0])
-        except ValueError:
-            timeout = 65534
-        if timeout >= 65534 or timeout < settings.deadline_s + 10:
-            checks.append(Check("PrologEpilogTimeout", False, f"PrologEpilogTimeout={timeout} with hook deadline_s="
-                                f"{settings.deadline_s:.0f}", f"PrologEpilogTimeout={int(settings.deadline_s) + 30}"))
-        else:
-            checks.append(Check("PrologEpilogTimeout", True))
+        checks += _hook_timeout_checks(conf, release, settings.deadline_s)
         if "gres/gpu" not in conf.get("AccountingStorageTRES", ""):
             checks.append(Check("AccountingStorageTRES", False, "GPUs are not accounted",
                                 "AccountingStorageTRES=gres/gpu"))
@@ -476,9 +568,12 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
             units = " ".join(f"{HANDOFF_UNIT}{n}.timer" for n in served) or f"{HANDOFF_UNIT}<node>.timer"
             click.echo(f"then: systemctl daemon-reload && systemctl enable --now {units}")
         gres = {name: m.gres_type for name, m in site_settings.accelerators.items()}
+        # The lines depend on the release (timeouts split in 25.05, ForceRequeueOnFail from 23.02):
+        # this node's Slurm commands say which one (the controller runs the same or a newer one).
+        release = slurm_release(_slurm())
         click.echo("\nAdd these lines to slurm.conf / gres.conf on every node and the controller, then "
-                   "`scontrol reconfigure`:\n")
-        for line in slurm_conf_lines(paths["prolog"], paths["epilog"], settings.deadline_s, gres):
+                   f"`scontrol reconfigure`{f' (written for Slurm {release})' if release else ''}:\n")
+        for line in slurm_conf_lines(paths["prolog"], paths["epilog"], settings.deadline_s, gres, release):
             click.echo(line)
         click.echo("\nThen run `slurm-bt admin doctor` on each node.")
 
@@ -493,6 +588,9 @@ def doctor_command(config: Path | None, site_path: Path | None, nodes: tuple[str
         checks = doctor_checks(list(nodes) or _local_nodes(), config, site_path)
         failed = False
         for c in checks:
+            if c.info:
+                click.echo(f"info  {c.name}: {c.problem}")
+                continue
             if c.ok:
                 click.echo(f"ok    {c.name}" + (f" ({c.problem})" if c.problem else ""))
                 continue
