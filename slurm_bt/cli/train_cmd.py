@@ -527,7 +527,7 @@ def update_command(job_id: str, priority: int | None, remote: str | None, log_le
                    non_interactive: bool, debug: bool) -> None:
     """Update a training job: set a pending job's priority (scontrol update, as you)."""
     from slurm_bt.cli import options
-    from slurm_bt.jobs.lifecycle import check_job_ids, query_statuses
+    from slurm_bt.jobs.lifecycle import check_job_ids
 
     if priority is None:
         raise click.UsageError("At least one field to update must be provided.")
@@ -537,15 +537,15 @@ def update_command(job_id: str, priority: int | None, remote: str | None, log_le
         if priority < 1:
             raise click.UsageError("--priority must be at least 1 (Slurm reads priority 0 as 'held')")
         client = options.make_client()
-        report = query_statuses(client, [job_id], records=options.load_records([job_id]))
-        if report.error is not None:
-            raise report.error
-        st = report.statuses[0]
-        if st.lifecycle is None or st.row is None:
-            raise click.UsageError(f"No training job found with ID: {job_id}")
-        if st.row.state != "PENDING":
+        # slurmctld (squeue), not sacct: sacct lags by seconds, and a job that has just started must
+        # be refused, as upstream refuses anything not PENDING.
+        live = [r for r in client.live([job_id]) if not r.is_step]
+        if not live:
+            raise click.UsageError(f"Failed to update training job: job {job_id} is not queued (finished, "
+                                   "or not a job of this cluster): only PENDING jobs can have their priority changed")
+        if live[0].state != "PENDING":
             raise click.UsageError(f"Failed to update training job: only PENDING jobs can have their priority "
-                                   f"changed; job {job_id} is {st.lifecycle.detail}")
+                                   f"changed; job {job_id} is {live[0].state}")
         client.set_priority(job_id, priority)
     click.echo(f"Training job {job_id} updated.")
 

@@ -313,8 +313,21 @@ class S3Backend(Backend):
                           file=file.path, start=start)
 
     def presigned_url(self, path: str, expires_s: int) -> str:
-        """A presigned ``GetObject`` URL (local SigV4, no request); unsigned when the store is anonymous."""
-        return str(self._meta.generate_presigned_url(
+        """A presigned ``GetObject`` URL (local SigV4, no request); a plain URL when the store is anonymous.
+
+        SigV4 explicitly: botocore would presign with the legacy SigV2 for a custom endpoint, which
+        newer regions and R2 refuse. One client, made on first use (a client costs ~50 ms).
+        """
+        if getattr(self, "_presigner", None) is None:
+            from botocore.config import Config
+
+            config = boto_config(self.settings, self._transport, signed=self._signed, retries=1)
+            if self._signed:
+                config["signature_version"] = "s3v4"
+            self._presigner = self._session.client("s3", endpoint_url=self.settings.endpoint_url,
+                                                   config=Config(**config))
+            self._extra_clients.append(self._presigner)
+        return str(self._presigner.generate_presigned_url(
             "get_object", Params={"Bucket": self.url.container, "Key": self.url.key_for(path)},
             ExpiresIn=expires_s))
 
