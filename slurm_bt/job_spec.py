@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from slurm_bt.errors import ConfigError, Problem
 from slurm_bt.site.settings import SiteSettings
+from slurm_bt.slurm.node_shapes import GpuShare, NodeSizes, gpu_share
 
 if TYPE_CHECKING:  # the compat models are only needed for typing here
     from slurm_bt.compat.definitions import TrainingProject
@@ -34,6 +35,7 @@ __all__ = [
     "WeightsSpec",
     "build_job_spec",
     "slugify",
+    "wants_node_sizes",
 ]
 
 SPEC_VERSION = 1
@@ -157,6 +159,8 @@ class JobSpec(_Frozen):
     master_port_base: int
     storage: dict[str, str]
     warnings: tuple[str, ...] = ()
+    # Where --cpus-per-task and --mem came from, one line each (comments in the batch script).
+    resource_notes: tuple[str, ...] = ()
 
     @property
     def src_dir(self) -> str:
@@ -216,6 +220,107 @@ def _docker_auth(project: TrainingProject, problems: list[Problem]) -> DockerAut
     return DockerAuthSpec(auth_method=method, registry=auth.registry, secrets=tuple(secrets))
 
 
+def _truss_default(compute: Any, name: str) -> Any:
+    return type(compute).model_fields[name].default
+
+
+def _requested_gpus(project: TrainingProject) -> int:
+    spec = project.job.compute.accelerator
+    return spec.count if spec is not None and spec.accelerator is not None and spec.count > 0 else 0
+
+
+def wants_node_sizes(project: TrainingProject, site: SiteSettings) -> bool:
+    """Whether :func:`build_job_spec` would size this job from the nodes (so the caller asks Slurm).
+
+    True for a GPU job that leaves ``cpu_count`` or ``memory`` at truss's default (written out or
+    not) while the site file does not give the per-GPU amount.
+    """
+    from slurm_bt.compat import memory_to_mib
+
+    compute = project.job.compute
+    if not _requested_gpus(project):
+        return False
+    cpus_open = compute.cpu_count == _truss_default(compute, "cpu_count") and not site.cpus_per_gpu
+    try:
+        mem_open = memory_to_mib(compute.memory) == memory_to_mib(_truss_default(compute, "memory"))
+    except ValueError:
+        mem_open = False
+    return cpus_open or (mem_open and site.mem_per_gpu is None)
+
+
+def _size_resources(compute: Any, gpus: int, gres_type: str | None, partition: str, site: SiteSettings,
+                    nodes: NodeSizes | None, warnings: list[str]) -> tuple[int, int, list[str]]:
+    """``--cpus-per-task`` and ``--mem`` (MiB) for one node of the job, and where each came from.
+
+    Why: on Baseten the node shape follows the GPUs, so configs written for it name 8 GPUs and leave
+    ``cpu_count=1``/``memory="2Gi"`` at truss's defaults (some spell them out). A GPU job whose value
+    equals the default gets the GPUs' share instead: the site file's ``cpus_per_gpu``/``mem_per_gpu``
+    when set, else the share of the partition's nodes (:func:`slurm_bt.slurm.node_shapes.gpu_share`).
+    Any other value is the user's own choice (more, or less to pack small jobs) and is used as
+    written. CPU-only jobs get what they wrote.
+    """
+    from slurm_bt.compat import memory_to_mib
+
+    cpus: int = compute.cpu_count
+    mem_mib = memory_to_mib(compute.memory)
+    cpu_default: int = _truss_default(compute, "cpu_count")
+    mem_default = memory_to_mib(_truss_default(compute, "memory"))
+    # By value, not model_fields_set: the loader rebuilds the models, which marks every field as set.
+    cpu_src = f"job.compute.cpu_count={cpus}" + (" (truss's default)" if cpus == cpu_default else "")
+    mem_src = f"job.compute.memory={compute.memory!r}" + (" (truss's default)" if mem_mib == mem_default else "")
+    if not gpus:
+        return cpus, mem_mib, [f"--cpus-per-task={cpus} is {cpu_src}", f"--mem={mem_mib}M is {mem_src}"]
+
+    share: GpuShare | str | None = None
+    cpu_open = cpus == cpu_default
+    mem_open = mem_mib == mem_default
+    if (cpu_open and not site.cpus_per_gpu) or (mem_open and site.mem_per_gpu is None):
+        if nodes is None:
+            share = "the node sizes were not read from Slurm"
+        elif nodes.error is not None:
+            share = f"could not read the node sizes from Slurm ({nodes.error})"
+        else:
+            share = gpu_share(nodes.shapes, partition=partition, gres_type=gres_type, gpus=gpus)
+    gpu_words = f"{gpus} GPU{'s' if gpus != 1 else ''}"
+    unsized: list[str] = []
+    reasons: list[str] = []
+
+    if not cpu_open:
+        cpu_note = f"{cpu_src}, used as written (not truss's default of {cpu_default})"
+    elif site.cpus_per_gpu:
+        cpus = gpus * site.cpus_per_gpu
+        cpu_note = f"{gpu_words} x site cpus_per_gpu={site.cpus_per_gpu}"
+    elif isinstance(share, GpuShare):
+        cpus = share.cpus
+        cpu_note = f"the GPUs' share, {share.cpus_basis}"
+    else:
+        cpu_note = f"{cpu_src}; no GPU share: {share}"
+        unsized.append(f"cpu_count={cpus}")
+        reasons.append(str(share))
+
+    if not mem_open:
+        mem_note = f"{mem_src}, used as written (not truss's default of {mem_default}M)"
+    elif site.mem_per_gpu is not None:
+        mem_mib = gpus * memory_to_mib(site.mem_per_gpu)
+        mem_note = f"{gpu_words} x site mem_per_gpu={site.mem_per_gpu!r}"
+    elif isinstance(share, GpuShare) and share.mem_mib is not None:
+        mem_mib = share.mem_mib
+        mem_note = f"the GPUs' share, {share.mem_basis}"
+    else:
+        why = share.mem_basis if isinstance(share, GpuShare) else str(share)
+        mem_note = f"{mem_src}; no GPU share: {why}"
+        unsized.append(f"memory={compute.memory!r}")
+        if why not in reasons:
+            reasons.append(why)
+    if unsized:
+        # Not an error: sbatch may still place the job (another partition on the command line...),
+        # but the user must know the job is not sized like on Baseten.
+        warnings.append(f"job.compute: {gpu_words} with {' and '.join(unsized)} as written, not sized to "
+                        f"the GPUs: {'; '.join(reasons)}. Set cpu_count/memory in the config, or ask the "
+                        "admin for cpus_per_gpu/mem_per_gpu in the site file")
+    return cpus, mem_mib, [f"--cpus-per-task={cpus} is {cpu_note}", f"--mem={mem_mib}M is {mem_note}"]
+
+
 def _container_path(value: str, loc: str, runtime: str, problems: list[Problem]) -> None:
     """Paths that become container bind mounts must be expressible in pyxis/apptainer syntax."""
     if runtime != "none" and _CONTAINER_UNSAFE.search(value):
@@ -237,15 +342,17 @@ def _retention(env: dict[str, str], site: SiteSettings, problems: list[Problem])
     return out
 
 
-def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitContext) -> JobSpec:
+def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitContext, *,
+                   nodes: NodeSizes | None = None) -> JobSpec:
     """Translate a validated TrainingProject into a JobSpec using the site's decisions.
+
+    ``nodes`` is what the submission read from Slurm about the nodes (see :func:`wants_node_sizes`):
+    without it a GPU job left at truss's CPU/memory defaults is sized by the site file alone.
 
     Raises:
         ConfigError: the config is valid for truss but cannot run on this site (an accelerator the
             site does not map, an unsupported registry auth method, ...). Every problem at once.
     """
-    from slurm_bt.compat import memory_to_mib
-
     problems: list[Problem] = []
     warnings: list[str] = []
     job = project.job
@@ -270,12 +377,9 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
             gres_type = mapping.gres_type
             partition = mapping.partition or site.default_partition
 
-    cpus = compute.cpu_count
-    if "cpu_count" not in compute.model_fields_set and gpus and site.cpus_per_gpu:
-        cpus = max(cpus, gpus * site.cpus_per_gpu)
-    mem_mib = memory_to_mib(compute.memory)
-    if "memory" not in compute.model_fields_set and gpus and site.mem_per_gpu:
-        mem_mib = max(mem_mib, gpus * memory_to_mib(site.mem_per_gpu))
+    share_partition = nodes.partition if nodes is not None and nodes.partition else partition
+    cpus, mem_mib, resource_notes = _size_resources(compute, gpus, gres_type, share_partition, site, nodes,
+                                                    warnings)
 
     env: list[tuple[str, str]] = []
     secret_env: list[tuple[str, str]] = []
@@ -337,6 +441,12 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
             _container_path(cache.mount_base_path, "job.runtime.cache_config.mount_base_path", rt, problems)
 
     docker_auth = _docker_auth(project, problems)
+    from slurm_bt.compat.ignored_fields import ignored_field_warnings
+
+    # Accepted-but-ignored fields: one warning each, never a silent drop (docs/compatibility.md).
+    warnings += ignored_field_warnings(project, container_runtime=rt)
+    if rt == "none":
+        docker_auth = None  # no image is pulled, so its registry secrets are not needed (warned above)
     if job.interactive_session is not None:
         warnings.append("interactive_session is not supported on Slurm and is ignored; "
                         "use `srun --jobid=<id> --overlap --pty bash` to attach to a running job")
@@ -385,4 +495,5 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
         master_port_base=site.master_port_base,
         storage=site.storage.model_dump(),
         warnings=tuple(warnings),
+        resource_notes=tuple(resource_notes),
     )

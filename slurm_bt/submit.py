@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_bt.atomic import make_private_dir, publish_dir_atomic, write_file_atomic
 from slurm_bt.errors import Problem, SecretError
-from slurm_bt.job_spec import JobSpec, SubmitContext, build_job_spec
+from slurm_bt.job_spec import JobSpec, SubmitContext, build_job_spec, wants_node_sizes
 from slurm_bt.records import SubmissionRecord, write_record
 from slurm_bt.render.batch_script import ENTRY_NAME, render_batch_script, render_node_entry
-from slurm_bt.render.sbatch_args import check_sbatch_args
+from slurm_bt.render.sbatch_args import check_sbatch_args, sbatch_partition
 from slurm_bt.secrets_store import SecretStore
 from slurm_bt.site.settings import SiteSettings, load_site_settings, user_path
 from slurm_bt.slurm.client import SlurmClient
+from slurm_bt.slurm.node_shapes import NodeSizes, read_node_sizes
 from slurm_bt.slurm.runner import CommandRunner, SubprocessRunner
 from slurm_bt.snapshot import snapshot_config_dir
 
@@ -81,8 +82,12 @@ def prepare_submission(
     source: str,
     site: SiteSettings,
     now: _dt.datetime | None = None,
+    nodes: NodeSizes | None = None,
 ) -> JobSpec:
-    """Build the JobSpec for ``project`` as the current user would submit it (no I/O besides pwd)."""
+    """Build the JobSpec for ``project`` as the current user would submit it (no I/O besides pwd).
+
+    ``nodes``: the node sizes read from Slurm, for a GPU job sized by its GPUs' share.
+    """
     pw = pwd.getpwuid(os.getuid())
     stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     submit_id = f"{stamp}-{_random.token_hex(4)}"
@@ -95,7 +100,7 @@ def prepare_submission(
         uid=pw.pw_uid, home=pw.pw_dir, job_dir=job_dir, python=site.python or sys.executable,
         version=_version(),
     )
-    return build_job_spec(project, site, ctx)
+    return build_job_spec(project, site, ctx, nodes=nodes)
 
 
 def _check_secrets(spec: JobSpec, store: SecretStore) -> None:
@@ -140,7 +145,13 @@ def submit_project(
     """Submit an already loaded project whose files live beside ``config_path``."""
     site = site or load_site_settings(environ=environ)
     check_sbatch_args(sbatch_args)
-    spec = prepare_submission(project, config_path=config_path, source=source, site=site)
+    nodes: NodeSizes | None = None
+    if wants_node_sizes(project, site):  # a GPU job at truss's cpu/memory defaults: the GPUs' share
+        # Read-only, so a dry run asks too (to show where each number comes from); a failure only
+        # means the job is not sized to its GPUs, which the spec's warning says.
+        nodes = read_node_sizes(SlurmClient(runner or SubprocessRunner(), environ=environ),
+                                partition=sbatch_partition(sbatch_args))
+    spec = prepare_submission(project, config_path=config_path, source=source, site=site, nodes=nodes)
     if spec.load_checkpoint.enabled:  # pin LoadCheckpointConfig now: "latest" moves (docs/checkpoints.md)
         from slurm_bt.checkpoints.resolve import resolve_load_checkpoints
 
