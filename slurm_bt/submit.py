@@ -188,6 +188,10 @@ def submit_project(
             staging_id = submit_staging_job(client, spec, site, weights_plan, job_dir, sub_env)
             if staging_id is not None:
                 extra += [f"--dependency=afterok:{staging_id}", "--kill-on-invalid-dep=yes"]
+            # Favour nodes whose node cache already holds these weights (soft: slurm_bt/weights/placement.py).
+            from slurm_bt.weights.placement import prefer_args
+
+            extra += prefer_args(client, weights_plan, site, spec.partition, sbatch_args)
         # -- end weights
         job_id = client.submit(script, extra, env=sub_env)
         if staging_id is not None:
