@@ -493,10 +493,12 @@ def slurm_conf(rel: Release) -> str:
         "",
     ]
     for name, (addr, port) in sorted(NODES.items()):
+        # Features=<its name>: a feature of the node's own lets bt-sbatch --prefer the nodes whose cache holds
+        # a job's weights (slurm_bt/slurm/prefer.py; admin install advises it).
         lines.append(
             f"NodeName={name} NodeHostname={host} NodeAddr={addr} Port={port} CPUs={NODE_CPUS} Boards=1 "
             f"SocketsPerBoard=1 CoresPerSocket={NODE_CPUS} ThreadsPerCore=1 RealMemory={NODE_MEM_MB} "
-            f"Gres=gpu:{GRES_TYPE}:{GPUS_PER_NODE} State=UNKNOWN"
+            f"Gres=gpu:{GRES_TYPE}:{GPUS_PER_NODE} Features={name} State=UNKNOWN"
         )
     nodes = ",".join(sorted(NODES))  # "n1,n2"; Slurm prints it as n[1-2]
     lines += [
