@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurm_bt.compat import public_api as _truss_public_api
 from slurm_bt.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -37,6 +38,10 @@ def push(
     team_id: str | None = None,
 ) -> dict[str, Any]:
     """Submit a training project to Slurm and return a truss_train-shaped job dict.
+
+    A project object gets every check a config file gets (:func:`slurm_bt.compat.loader.check_project`,
+    run by :func:`slurm_bt.submit.submit_project`): ``node_count=0`` or a mount under ``/etc`` fail
+    the same way under ``bt-sbatch``, ``push(Path)`` and ``push(project)``.
 
     Args:
         config: a ``pathlib.Path`` to a config.py, or a TrainingProject object (as upstream, a plain
@@ -71,6 +76,11 @@ def push(
     if job_object is not None:
         out["job_object"] = job_object
     return out
+
+
+# ``truss_train.push`` inside configs and scripts is this function (compat/public_api.py says why
+# it is registered rather than imported there).
+_truss_public_api.register_push(push)
 
 
 def training_job_dict(result: SubmitResult) -> dict[str, Any]:

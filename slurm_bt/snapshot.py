@@ -54,6 +54,7 @@ __all__ = [
     "MAX_SNAPSHOT_BYTES",
     "SnapshotInfo",
     "WorkspaceLike",
+    "check_snapshot",
     "snapshot_config_dir",
 ]
 
@@ -184,24 +185,11 @@ def snapshot_config_dir(
         StorageError: ``dest`` exists, or writing the snapshot failed.
     """
     source = str(config_path)
-    layout = _resolve_layout(source, config_path, workspace)
-    spec, problems = _load_ignore_spec(layout)
     if os.path.lexists(dest):
         raise StorageError(str(dest), "already exists; refusing to replace it")
     if not dest.parent.is_dir():
         raise StorageError(str(dest.parent), "snapshot parent directory does not exist")
-
-    planner = _Planner(spec, _identity(dest.parent))
-    entries = planner.plan(layout)
-    problems += planner.problems
-    layout.warnings += planner.warnings
-    if planner.total_bytes > max_bytes:
-        problems.append(Problem("", _too_big(planner.total_bytes, max_bytes)))
-    if len(problems) > _MAX_PROBLEMS:
-        more = len(problems) - _MAX_PROBLEMS
-        problems = [*problems[:_MAX_PROBLEMS], Problem("", f"... and {more} more problems")]
-    if problems:
-        raise SnapshotError(source, problems)
+    layout, entries = _plan(config_path, workspace, max_bytes, _identity(dest.parent))
 
     for warning in layout.warnings:  # returned to the caller, who shows them; debug log only
         logger.debug("%s: %s", source, warning)
@@ -215,6 +203,48 @@ def snapshot_config_dir(
         config_subdir=layout.config_dir.relative_to(layout.root).as_posix(),
         warnings=tuple(layout.warnings),
     )
+
+
+def check_snapshot(config_path: Path, workspace: WorkspaceLike | None, *,
+                   max_bytes: int = MAX_SNAPSHOT_BYTES) -> SnapshotInfo:
+    """Every check :func:`snapshot_config_dir` makes, without copying anything (``--dry-run``).
+
+    Returns:
+        What a snapshot would hold (``dest`` is the root: nothing was written).
+
+    Raises:
+        SnapshotError: as :func:`snapshot_config_dir`.
+    """
+    layout, entries = _plan(config_path, workspace, max_bytes, None)
+    return SnapshotInfo(
+        dest=layout.root,
+        root=layout.root,
+        files=sum(1 for e in entries if not e.is_dir),
+        total_bytes=sum(e.size for e in entries),
+        top_level=tuple(sorted(e.rel for e in entries if "/" not in e.rel)),
+        config_subdir=layout.config_dir.relative_to(layout.root).as_posix(),
+        warnings=tuple(layout.warnings),
+    )
+
+
+def _plan(config_path: Path, workspace: WorkspaceLike | None, max_bytes: int,
+          skip_dir: _Ident | None) -> tuple[_Layout, list[_Entry]]:
+    """Resolve the layout and walk it; every problem at once as a SnapshotError."""
+    source = str(config_path)
+    layout = _resolve_layout(source, config_path, workspace)
+    spec, problems = _load_ignore_spec(layout)
+    planner = _Planner(spec, skip_dir)
+    entries = planner.plan(layout)
+    problems += planner.problems
+    layout.warnings += planner.warnings
+    if planner.total_bytes > max_bytes:
+        problems.append(Problem("", _too_big(planner.total_bytes, max_bytes)))
+    if len(problems) > _MAX_PROBLEMS:
+        more = len(problems) - _MAX_PROBLEMS
+        problems = [*problems[:_MAX_PROBLEMS], Problem("", f"... and {more} more problems")]
+    if problems:
+        raise SnapshotError(source, problems)
+    return layout, entries
 
 
 # --- workspace resolution (upstream semantics) -------------------------------------------------

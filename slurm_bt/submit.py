@@ -142,8 +142,17 @@ def submit_project(
     runner: CommandRunner | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> SubmitResult:
-    """Submit an already loaded project whose files live beside ``config_path``."""
+    """Submit an already loaded project whose files live beside ``config_path``.
+
+    ``dry_run`` makes every check a submission makes (config, sbatch arguments, checkpoints,
+    secrets, weights sources, snapshot, workspace) and writes nothing; only what needs Slurm to
+    accept the job is left out, and the result's last warning names it.
+    """
+    from slurm_bt.compat.loader import check_project
+
     site = site or load_site_settings(environ=environ)
+    # A project built in code (push(project)) has not been through the loader: the same checks.
+    project = check_project(project, source)
     check_sbatch_args(sbatch_args)
     nodes: NodeSizes | None = None
     if wants_node_sizes(project, site):  # a GPU job at truss's cpu/memory defaults: the GPUs' share
@@ -159,11 +168,10 @@ def submit_project(
     script = render_batch_script(spec)
     result = SubmitResult(spec=spec, script=script, warnings=list(spec.warnings))
     store = SecretStore(Path(user_path(site.storage.secrets)))
-    if dry_run:
-        missing = store.missing(spec.secret_names())
-        result.warnings += [f"secret {n!r} is not in your secret store yet" for n in missing]
-        return result
     _check_secrets(spec, store)
+    if dry_run:
+        _dry_run_checks(spec, project, site, store, sbatch_args, result)
+        return result
     # -- weights (slurm_bt.weights.plan): pin every source now (listings only); a bad source fails
     # the submission here with exit 2 naming job.weights[i].source.
     weights_plan = None
@@ -217,6 +225,54 @@ def submit_project(
     result.staging_job_id = staging_id
     result.record_path = str(write_record(workspace, record))
     return result
+
+
+def _dry_run_checks(spec: JobSpec, project: TrainingProject, site: SiteSettings, store: SecretStore,
+                    sbatch_args: Sequence[str], result: SubmitResult) -> None:
+    """The checks of :func:`submit_project` after the secrets, without writing or submitting.
+
+    Weights sources are pinned (listings, as a submit does) and the snapshot is walked with its size
+    and file checks but not copied. What needs Slurm is named in the last warning instead.
+    """
+    from slurm_bt.snapshot import check_snapshot
+
+    skipped = ["whether Slurm accepts the job (sbatch: partition, account, QOS, limits)"]
+    if spec.weights:
+        from slurm_bt.weights.plan import plan_weights, team_for_user
+
+        asked: list[bool] = []
+
+        def no_account_lookup() -> str | None:  # sacctmgr is Slurm: not asked in a dry run
+            asked.append(True)
+            return None
+
+        plan = plan_weights(spec, site, store, team=team_for_user(sbatch_args, account_lookup=no_account_lookup))
+        if asked:
+            skipped.append(f"your default Slurm account for the weights cache team (used team {plan.team!r}; "
+                           "pass --account to choose)")
+        if plan.needs_staging:
+            skipped.append("submitting the weights staging job")
+    info = check_snapshot(Path(spec.context.config_path), project.job.workspace, max_bytes=site.max_snapshot_bytes)
+    result.warnings.extend(f"snapshot: {w}" for w in info.warnings)
+    problem = _workspace_problem(Path(spec.context.job_dir).parent)
+    if problem is not None:
+        from slurm_bt.errors import StorageError
+
+        raise StorageError(str(Path(spec.context.job_dir).parent), problem)
+    result.warnings.append(f"dry run: checked the config, secrets, {len(spec.weights)} weights source(s) and the "
+                           f"snapshot ({info.files} files); not checked: {'; '.join(skipped)}")
+
+
+def _workspace_problem(job_parent: Path) -> str | None:
+    """Why the job directory could not be created under ``job_parent``, or None (a dry run's check)."""
+    existing = job_parent
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable by you"
+    return None
 
 
 def submit_config(

@@ -16,6 +16,7 @@ __all__ = ["bt_sbatch", "cli"]
 # name -> "module:attribute"; the order is the order of `slurm-bt --help`.
 COMMANDS: dict[str, str] = {
     "submit": "slurm_bt.cli.submit_cmd:submit_command",
+    "run": "slurm_bt.cli.run_cmd:run_command",
     "status": "slurm_bt.cli.status_cmd:status_command",
     "view": "slurm_bt.cli.status_cmd:status_command",  # truss train's name for it
     "list": "slurm_bt.cli.status_cmd:list_command",

@@ -7,6 +7,8 @@ reachable through ``truss_train.definitions``, exactly as upstream.
 
 from __future__ import annotations
 
+from slurm_bt.compat import _truss_train_deployment as deployment
+from slurm_bt.compat import _truss_train_loader as loader
 from slurm_bt.compat import definitions, public_api
 from slurm_bt.compat.definitions import (
     AvailabilityModel,
@@ -70,6 +72,6 @@ __all__ = [  # noqa: RUF022 - upstream order
 # then fails with a plain ModuleNotFoundError instead of "'truss_train' is not a package".
 __path__: list[str] = []
 
-# Submodules are attributes of a package after import; configs rely on it
-# (``import truss_train; truss_train.definitions.Runtime``).
-_SUBMODULES = (definitions, public_api)
+# Submodules are attributes of a package after import (upstream's public_api imports loader and
+# deployment); configs rely on it (``import truss_train; truss_train.definitions.Runtime``).
+_SUBMODULES = (definitions, public_api, loader, deployment)

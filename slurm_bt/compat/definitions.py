@@ -6,8 +6,9 @@ here must be accepted by Baseten too. Where slurm-bt is stricter (``node_count >
 syntax, safe mount paths) the check lives in the loader, not here, so that constructing these
 objects in plain Python behaves like upstream.
 
-Not reproduced: the ``to_truss_config()`` converters to serving-config objects, which only the
-Baseten deploy path uses.
+The ``to_truss_config()`` converters return the serving-config objects of
+:mod:`slurm_bt.compat.truss_config` exactly as upstream builds them (configs and scripts call them to
+inspect or hand on resources); nothing in slurm-bt deploys them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any, Literal
 import pydantic
 from pydantic import ValidationError, model_validator
 
+from slurm_bt.compat import _base as custom_types
 from slurm_bt.compat import truss_config
+from slurm_bt.compat import truss_constants as constants
 from slurm_bt.compat._base import ConfigModel, SafeModelNoExtra
 
 __all__ = [
@@ -55,14 +58,16 @@ __all__ = [
     "TrainingProject",
     "WhisperCheckpoint",
     "Workspace",
+    "constants",
+    "custom_types",
     "truss_config",
 ]
 
 DEFAULT_LORA_RANK = 16
 DEFAULT_INTERACTIVE_SESSION_TIMEOUT_MINUTES = 8 * 60
-# truss.base.constants.DEFAULT_TRAINING_CHECKPOINT_FOLDER: where *loaded* checkpoints land. Not the
-# same as truss_config.DEFAULT_TRAINING_CHECKPOINT_FOLDER (deploy), exactly as upstream.
-_DEFAULT_LOAD_CHECKPOINT_FOLDER = "/tmp/loaded_checkpoints"
+# Where *loaded* checkpoints land. Not the same as truss_config.DEFAULT_TRAINING_CHECKPOINT_FOLDER
+# (deploy), exactly as upstream.
+_DEFAULT_LOAD_CHECKPOINT_FOLDER = constants.DEFAULT_TRAINING_CHECKPOINT_FOLDER
 
 
 class ModelWeightsFormat(str, enum.Enum):
@@ -113,6 +118,17 @@ class Compute(SafeModelNoExtra):
             }
         data["availability_model"] = self.availability_model.value
         return data
+
+    def to_truss_config(self) -> truss_config.Resources:
+        """The serving ``Resources`` of these values (``cpu`` as a string, as upstream)."""
+        if self.accelerator:
+            return truss_config.Resources(
+                cpu=str(self.cpu_count),
+                memory=self.memory,
+                accelerator=self.accelerator,
+                node_count=self.node_count,
+            )
+        return truss_config.Resources(cpu=str(self.cpu_count), memory=self.memory, node_count=self.node_count)
 
 
 class _CheckpointBase(SafeModelNoExtra):
@@ -363,6 +379,12 @@ class Checkpoint(ConfigModel, ABC):
     checkpoint_name: str
     model_weight_format: ModelWeightsFormat
 
+    def to_truss_config(self) -> truss_config.TrainingArtifactReference:
+        """Rank 0's directory of this checkpoint in the job's artifacts (upstream's layout)."""
+        return truss_config.TrainingArtifactReference(
+            training_job_id=self.training_job_id, paths=[f"rank-0/{self.checkpoint_name}/"]
+        )
+
 
 class LoRADetails(ConfigModel):
     """LoRA adapter settings; any rank is accepted (no allowed-set check since v0.15.1)."""
@@ -406,6 +428,15 @@ class CheckpointList(SafeModelNoExtra):
                 "loops_checkpoint_ids, not both."
             )
         return self
+
+    def to_truss_config(self) -> truss_config.CheckpointList:
+        """The serving ``CheckpointList``: one artifact reference per checkpoint."""
+        artifact_references = [checkpoint.to_truss_config() for checkpoint in self.checkpoints]
+        return truss_config.CheckpointList(
+            download_folder=self.download_folder,
+            artifact_references=artifact_references,
+            loops_checkpoint_ids=self.loops_checkpoint_ids,
+        )
 
 
 class DeployCheckpointsRuntime(SafeModelNoExtra):

@@ -1,4 +1,4 @@
-"""Load a truss ``config.py`` and report every problem in it at once.
+"""Load a truss ``config.py``; report what is wrong with it one line per problem.
 
 Discovery follows upstream ``truss_train/loader.py`` exactly, because users move configs between
 Baseten and Slurm: the path must be a file; the module is named after the file stem, is not added
@@ -6,14 +6,18 @@ to ``sys.modules`` and its directory is not put on ``sys.path``; every module-le
 scanned for ``TrainingProject`` instances and exactly one must exist (an object bound to two
 names counts twice).
 
-Error reporting is where slurm-bt differs on purpose. Upstream stops at the first bad
-constructor, with no field path. Here the config runs with lenient constructors (``_lenient.py``),
-then the project's objects are turned back into plain input (placeholders into the keyword
-arguments the config passed, valid objects into their field values) and validated top-down with
-``TrainingProject.model_validate``. pydantic then reports every error with its full loc
-(``job.compute.accelerator.accelerator``), and valid configs come back as freshly validated
-objects. Invalid objects that are not part of the project are reported as ``<Class>.<field>``.
-An exception raised by the config's own code becomes one ``line N: <Type>: <message>`` problem.
+Validation follows upstream too: a model constructor or assignment that fails raises
+``pydantic.ValidationError`` where it happens, so a config's own ``try/except`` fallback runs. What
+slurm-bt adds is the report:
+
+* an exception that escapes the config is reported, never as a traceback: a ``ValidationError``
+  gives one line per error it holds, each with the config's line and the field path from the model
+  that raised (``Compute.accelerator.accelerator``); anything else is one
+  ``line N: <Type>: <message>`` line;
+* the project the config defines is validated again top-down (:func:`check_project`): mutations
+  pydantic does not validate (``job.weights.append(...)``, ``model_construct``) are caught with
+  their full path (``job.weights[1].source``), and slurm-bt's stricter checks (``stricter.py``) run,
+  each problem on its own line.
 """
 
 from __future__ import annotations
@@ -26,19 +30,25 @@ from typing import Any
 
 import pydantic
 
-from slurm_bt.compat import definitions
-from slurm_bt.compat._lenient import LenientState, Record, lenient_construction
+from slurm_bt.compat import _truss_train_deployment, definitions, truss_config, truss_constants
 from slurm_bt.compat.definitions import TrainingProject
 from slurm_bt.compat.problems import problems_from_errors
-from slurm_bt.compat.shim import truss_modules
+from slurm_bt.compat.shim import SHIMMED_MODULES, truss_modules
 from slurm_bt.compat.stricter import stricter_problems
 from slurm_bt.errors import ConfigError, Problem
 
-__all__ = ["load_training_project"]
+__all__ = ["check_project", "load_training_project"]
 
 # Upstream prints the class repr; ours lives elsewhere, so the text is pinned to upstream's.
 _TARGET_REPR = "<class 'truss_train.definitions.TrainingProject'>"
 _MAX_MESSAGE = 300
+# Names the shim's modules deliberately lack (with the reason), for the hint on a failed import.
+# Keyed by the module's real name, which is what an ImportError carries.
+_NOT_PROVIDED: dict[str, tuple[str, dict[str, str]]] = {
+    truss_config.__name__: ("truss.base.truss_config", truss_config.NOT_PROVIDED),
+    truss_constants.__name__: ("truss.base.constants", truss_constants.NOT_PROVIDED),
+    _truss_train_deployment.__name__: ("truss_train.deployment", _truss_train_deployment.NOT_PROVIDED),
+}
 
 
 def load_training_project(path: str | os.PathLike[str]) -> TrainingProject:
@@ -48,7 +58,7 @@ def load_training_project(path: str | os.PathLike[str]) -> TrainingProject:
         path: the config.py file, as the user gave it (used verbatim in error messages).
 
     Raises:
-        ConfigError: listing every problem found, one line each with a dotted field path.
+        ConfigError: listing every problem found, one line each (field path, config line).
     """
     source = os.fspath(path)
     file = pathlib.Path(source)
@@ -63,40 +73,85 @@ def load_training_project(path: str | os.PathLike[str]) -> TrainingProject:
                 )
             ],
         )
-    state = LenientState()
+    module_vars, crash = _execute(file)
+    if crash:
+        raise ConfigError(source, crash)
+    found = [value for value in module_vars if isinstance(value, TrainingProject)]
+    if not found:
+        raise ConfigError(source, [Problem("", f"No `{_TARGET_REPR}` was found.")])
+    if len(found) > 1:
+        raise ConfigError(source, [Problem("", f"Multiple `{_TARGET_REPR}`s were found.")])
+    return check_project(found[0], source)
+
+
+def check_project(project: TrainingProject, source: str) -> TrainingProject:
+    """Validate ``project`` top-down and apply slurm-bt's stricter checks; a fresh validated copy.
+
+    Every path that submits a project calls this (``bt-sbatch``, ``push(Path)``, ``push(project)``),
+    so a project built in code gets the checks a config file gets.
+
+    Raises:
+        ConfigError: every problem, one line each with its full field path, against ``source``.
+    """
     problems: list[Problem] = []
-    module_vars, crash = _execute(file, state)
-    reached: set[int] = set()
-    project: TrainingProject | None = None
-    if crash is not None:
-        problems.append(crash)
-    else:
-        found = [value for value in module_vars if isinstance(value, TrainingProject)]
-        if not found:
-            problems.append(Problem("", f"No `{_TARGET_REPR}` was found."))
-        elif len(found) > 1:
-            problems.append(Problem("", f"Multiple `{_TARGET_REPR}`s were found."))
-        else:
-            _mark_reachable(found[0], state, reached)
-            project = _revalidate(found[0], state, problems)
-    problems.extend(_orphan_problems(state, reached))
-    if problems or project is None:
-        raise ConfigError(source, problems)
-    return project
+    checked = _revalidate(project, problems)
+    if problems or checked is None:
+        raise ConfigError(source, problems or [Problem("", "the project could not be validated")])
+    return checked
 
 
-def _execute(file: pathlib.Path, state: LenientState) -> tuple[list[Any], Problem | None]:
-    """Run the config with the truss shim and lenient constructors; module values or the crash."""
+def _execute(file: pathlib.Path) -> tuple[list[Any], list[Problem]]:
+    """Run the config with the truss shim; its module values, or the problems of what escaped."""
     spec = importlib.util.spec_from_file_location(file.stem, file)
     if spec is None or spec.loader is None:
-        return [], Problem("", f"Could not import `{file}`. Check path.")
+        return [], [Problem("", f"Could not import `{file}`. Check path.")]
     module = importlib.util.module_from_spec(spec)
-    with truss_modules(), lenient_construction(state):
+    origin = spec.origin or os.fspath(file)
+    with truss_modules():
         try:
             spec.loader.exec_module(module)
+        except pydantic.ValidationError as exc:
+            return [], _validation_problems(exc, origin)
         except (Exception, SystemExit) as exc:
-            return [], _crash_problem(exc, spec.origin or os.fspath(file))
-    return [getattr(module, name) for name in dir(module)], None
+            return [], [_crash_problem(exc, origin)]
+    return [getattr(module, name) for name in dir(module)], []
+
+
+def _config_line(exc: BaseException, origin: str) -> int | None:
+    """The config's line (innermost frame in the config file) an exception passed through."""
+    lineno: int | None = None
+    for frame, frame_line in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename == origin:
+            lineno = frame_line
+    return lineno
+
+
+def _raising_model(exc: pydantic.ValidationError) -> type[pydantic.BaseModel] | None:
+    """The model class whose constructor, assignment or ``model_validate`` raised ``exc``.
+
+    pydantic names it only by ``exc.title``; the innermost frame holding ``self``/``cls`` of that
+    name is the model (``__init__``/``__setattr__``/``model_validate`` of pydantic's BaseModel).
+    """
+    model: type[pydantic.BaseModel] | None = None
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        for key in ("self", "cls"):
+            value = frame.f_locals.get(key)
+            cls = value if isinstance(value, type) else type(value)
+            if issubclass(cls, pydantic.BaseModel) and cls.__name__ == exc.title:
+                model = cls
+    return model
+
+
+def _validation_problems(exc: pydantic.ValidationError, origin: str) -> list[Problem]:
+    """One problem per error of a ValidationError that escaped the config, located by class."""
+    lineno = _config_line(exc, origin)
+    where = f"line {lineno}: " if lineno is not None else ""
+    errors = [dict(e) for e in exc.errors(include_url=False)]
+    model = _raising_model(exc)
+    if model is None:  # a ValidationError of some other model (the config's own): plain lines
+        return [Problem(exc.title, f"{where}{' '.join(str(e.get('msg', '')).split())}") for e in errors]
+    problems = problems_from_errors(errors, model, prefix=model.__name__)
+    return [Problem(p.loc, f"{where}{p.message}") for p in problems]
 
 
 def _crash_problem(exc: BaseException, origin: str) -> Problem:
@@ -113,10 +168,10 @@ def _crash_problem(exc: BaseException, origin: str) -> Problem:
         if code.co_name == "from_latest_checkpoint" and code.co_filename == definitions.__file__:
             hint = " (BasetenCheckpoint.from_latest_checkpoint() needs project_name or job_id)"
     if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in ("truss", "truss_train"):
-        hint = (
-            " (slurm-bt provides only truss_train, truss_train.definitions, truss_train.public_api"
-            " and truss.base.truss_config)"
-        )
+        hint = f" (slurm-bt provides only {', '.join(SHIMMED_MODULES)})"
+    not_provided = _not_provided(exc)
+    if not_provided is not None:
+        message, hint = not_provided, ""
     message = " ".join(message.split())
     if len(message) > _MAX_MESSAGE:
         message = message[: _MAX_MESSAGE - 3] + "..."
@@ -124,79 +179,47 @@ def _crash_problem(exc: BaseException, origin: str) -> Problem:
     return Problem("", f"{where}{type(exc).__name__}: {message}{hint}")
 
 
-def _children(obj: Any, state: LenientState) -> list[Any]:
-    """What an object holds: raw arguments for placeholders, field values and extras otherwise."""
-    rec = state.record_for(obj)
-    if rec is not None:
-        return list(rec.raw.values())
-    if isinstance(obj, pydantic.BaseModel):
-        return [*obj.__dict__.values(), *(obj.__pydantic_extra__ or {}).values()]
-    if isinstance(obj, dict):
-        return list(obj.values())
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return list(obj)
-    return []
+def _not_provided(exc: BaseException) -> str | None:
+    """Why a deliberately missing upstream name is missing (``from truss... import TrussConfig``)."""
+    if not isinstance(exc, ImportError) or isinstance(exc, ModuleNotFoundError):
+        return None
+    public, table = _NOT_PROVIDED.get(exc.name or "", ("", {}))
+    for name, reason in table.items():
+        if f"cannot import name '{name}'" in str(exc):
+            return f"{public}.{name} is not available in slurm-bt: {reason}"
+    return None
 
 
-def _mark_reachable(obj: Any, state: LenientState, reached: set[int], seen: set[int] | None = None) -> None:
-    """Collect the ids of placeholders inside the project (their errors get full paths)."""
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if state.record_for(obj) is not None:
-        reached.add(id(obj))
-    for child in _children(obj, state):
-        _mark_reachable(child, state, reached, seen)
+def _raw_tree(obj: Any) -> Any:
+    """Plain input equivalent to ``obj``: every model becomes a dict of its fields and extras.
 
-
-def _raw_tree(obj: Any, state: LenientState) -> Any:
-    """Plain input equivalent to ``obj``: models become dicts, placeholders their raw kwargs.
-
-    Every model is converted, not only placeholders: pydantic does not re-validate instances, so
-    a valid object holding an invalid child would otherwise hide the child's errors.
+    Every model is converted: pydantic does not re-validate instances, so a valid object holding an
+    invalid child (a list mutated after validation, a ``model_construct``) would hide the child.
     """
-    rec = state.record_for(obj)
-    if rec is not None or isinstance(obj, pydantic.BaseModel):
-        items = rec.raw if rec is not None else {**obj.__dict__, **(obj.__pydantic_extra__ or {})}
-        out = {key: _raw_tree(value, state) for key, value in items.items()}
+    if isinstance(obj, pydantic.BaseModel):
+        out = {key: _raw_tree(value) for key, value in {**obj.__dict__, **(obj.__pydantic_extra__ or {})}.items()}
         typ = type(obj).model_fields.get("typ")
         if typ is not None and "typ" not in out:
             out["typ"] = typ.default  # keeps checkpoint-ref unions unambiguous
         return out
     if isinstance(obj, dict):
-        return {key: _raw_tree(value, state) for key, value in obj.items()}
+        return {key: _raw_tree(value) for key, value in obj.items()}
     if isinstance(obj, list):
-        return [_raw_tree(value, state) for value in obj]
+        return [_raw_tree(value) for value in obj]
     if isinstance(obj, tuple):
-        return tuple(_raw_tree(value, state) for value in obj)
+        return tuple(_raw_tree(value) for value in obj)
     return obj
 
 
-def _revalidate(
-    found: TrainingProject, state: LenientState, problems: list[Problem]
-) -> TrainingProject | None:
+def _revalidate(found: TrainingProject, problems: list[Problem]) -> TrainingProject | None:
     """Validate the project top-down (appending problems) and run slurm-bt's stricter checks."""
-    tree = _raw_tree(found, state)
+    tree = _raw_tree(found)
     project: TrainingProject | None = None
-    with lenient_construction(None):
-        try:
-            project = TrainingProject.model_validate(tree)
-        except pydantic.ValidationError as exc:
-            problems.extend(
-                problems_from_errors([dict(e) for e in exc.errors(include_url=False)], TrainingProject)
-            )
-        except Exception as exc:  # a validator crashing on odd input: still one line, no traceback
-            problems.append(Problem("", f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+    try:
+        project = TrainingProject.model_validate(tree)
+    except pydantic.ValidationError as exc:
+        problems.extend(problems_from_errors([dict(e) for e in exc.errors(include_url=False)], TrainingProject))
+    except Exception as exc:  # a validator crashing on odd input: still one line, no traceback
+        problems.append(Problem("", f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
     problems.extend(stricter_problems(project if project is not None else tree))
     return project
-
-
-def _orphan_problems(state: LenientState, reached: set[int]) -> list[Problem]:
-    """Errors of invalid objects outside the project, located as ``<ClassName>.<field>``."""
-    out: list[Problem] = []
-    records: list[Record] = [r for key, r in state.records.items() if key not in reached and r.errors]
-    for rec in records:
-        cls = type(rec.obj)
-        out.extend(problems_from_errors(rec.errors, cls, prefix=cls.__name__))
-    return out

@@ -1,37 +1,34 @@
 """``truss_train.public_api``: the ``push`` that configs and scripts import.
 
-``push`` forwards to ``slurm_bt.push`` and imports it only when called. That keeps importing a
-config cheap (no Slurm or storage code is loaded just to read a config) and breaks the import
-cycle: the submit path imports the loader, which imports this module.
-
-Why resolved from a string and not ``from slurm_bt import push``: this module is in the
-integrations layer and ``slurm_bt.push`` reaches :mod:`slurm_bt.api`, an entry point; a plain import
-(even inside the function) is an upward import that lint-imports and
-tests/unit/test_import_layers.py reject (the loader -> public_api -> slurm_bt -> api -> submit ->
-loader cycle). The string is the shim's one late-bound call into the layer above.
+``push`` forwards to the submitter an entry point registered with :func:`register_push`:
+:mod:`slurm_bt.api` registers ``slurm_bt.api.push`` when it is imported, and every entry point that
+runs config or script code (``bt-sbatch``, ``slurm-bt run``, ``slurm_bt.push``) imports it first.
+Registration, not an import: this module is in the integrations layer and the submitter is an entry
+point; importing it from here would be an upward import (and the loader -> public_api -> api ->
+submit -> loader cycle) that lint-imports rejects.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
+
+from slurm_bt.errors import Problem, UserError
 
 if TYPE_CHECKING:
     from slurm_bt.compat.definitions import TrainingProject
 
-__all__ = ["push"]
+__all__ = ["Submitter", "push", "register_push"]
+
+Submitter = Callable[..., dict[str, Any]]
+_submitter: Submitter | None = None
 
 
-def _resolve_push() -> Callable[..., dict[str, Any]]:
-    """Find ``slurm_bt.push`` whether it is a function on the package or a module with ``push``."""
-    package = importlib.import_module("slurm_bt")
-    target = getattr(package, "push", None)
-    if target is None or isinstance(target, types.ModuleType):
-        target = getattr(importlib.import_module("slurm_bt.push"), "push")  # noqa: B009
-    return cast("Callable[..., dict[str, Any]]", target)
+def register_push(submitter: Submitter) -> None:
+    """Make ``truss_train.push`` call ``submitter`` (same arguments, same return value)."""
+    global _submitter
+    _submitter = submitter
 
 
 def push(
@@ -50,7 +47,13 @@ def push(
         team_id: accepted for compatibility.
 
     Returns:
-        The job description dict from ``slurm_bt.push`` (``result["id"]``,
+        The job description dict of ``slurm_bt.push`` (``result["id"]``,
         ``result["training_project"]["id"]``...).
+
+    Raises:
+        UserError: nothing registered a submitter (the code was not started by slurm-bt).
     """
-    return _resolve_push()(config, remote=remote, source_dir=source_dir, team_id=team_id)
+    if _submitter is None:
+        raise UserError("push", [Problem("", "truss_train.push() submits through slurm-bt: run the script "
+                                             "with `slurm-bt run SCRIPT`, or call slurm_bt.push")])
+    return _submitter(config, remote=remote, source_dir=source_dir, team_id=team_id)

@@ -1,7 +1,8 @@
 """Make ``import truss_train`` and ``from truss.base import truss_config`` work inside a config.
 
-Configs are written for Baseten and import ``truss_train``, ``truss_train.definitions``,
-``truss_train.public_api`` and ``truss.base.truss_config``. slurm-bt does not ship packages with
+Configs and scripts are written for Baseten and import ``truss_train`` (``.definitions``,
+``.public_api``, ``.loader``, ``.deployment``) and ``truss.base`` (``.truss_config``, ``.constants``,
+``.custom_types``). slurm-bt does not ship packages with
 those names: a ``truss`` package of ours would shadow (or be shadowed by) the real truss when
 both are installed. Instead :func:`truss_modules` points those names in ``sys.modules`` at our
 modules only while a config is executed, and puts back whatever was there before.
@@ -22,9 +23,18 @@ import threading
 import types
 from collections.abc import Iterator
 
-from slurm_bt.compat import _truss_train, definitions, public_api, truss_config
+from slurm_bt.compat import (
+    _base,
+    _truss_train,
+    _truss_train_deployment,
+    _truss_train_loader,
+    definitions,
+    public_api,
+    truss_config,
+    truss_constants,
+)
 
-__all__ = ["SHIMMED_MODULES", "truss_modules"]
+__all__ = ["SHIMMED_MODULES", "install_truss_modules", "truss_modules"]
 
 _ROOTS = ("truss", "truss_train")
 _LOCK = threading.RLock()
@@ -42,16 +52,24 @@ def _package(name: str, doc: str, **attrs: types.ModuleType) -> types.ModuleType
 def _shim_modules() -> dict[str, types.ModuleType]:
     """The module objects configs get, by the dotted name they import."""
     truss_base = _package(
-        "truss.base", "slurm-bt stand-in for truss.base (only truss_config).", truss_config=truss_config
+        "truss.base",
+        "slurm-bt stand-in for truss.base (truss_config, constants, custom_types).",
+        truss_config=truss_config,
+        constants=truss_constants,
+        custom_types=_base,
     )
-    truss = _package("truss", "slurm-bt stand-in for truss (only truss.base.truss_config).", base=truss_base)
+    truss = _package("truss", "slurm-bt stand-in for truss (only truss.base).", base=truss_base)
     return {
         "truss": truss,
         "truss.base": truss_base,
         "truss.base.truss_config": truss_config,
+        "truss.base.constants": truss_constants,
+        "truss.base.custom_types": _base,
         "truss_train": _truss_train,
         "truss_train.definitions": definitions,
         "truss_train.public_api": public_api,
+        "truss_train.loader": _truss_train_loader,
+        "truss_train.deployment": _truss_train_deployment,
     }
 
 
@@ -81,3 +99,17 @@ def truss_modules() -> Iterator[None]:
             for name in [n for n in sys.modules if _is_truss_name(n)]:
                 del sys.modules[name]
             sys.modules.update(saved)
+
+
+def install_truss_modules() -> None:
+    """Alias the truss module names to slurm-bt's modules for the rest of the process.
+
+    For ``slurm-bt run SCRIPT``, whose process exists to run the script: holding
+    :func:`truss_modules`' lock for the whole script would deadlock a script that pushes from
+    several threads (each push loads a config, which takes the lock). Loads inside still use
+    :func:`truss_modules` and put these entries back afterwards.
+    """
+    with _LOCK:
+        for name in [n for n in sys.modules if _is_truss_name(n)]:
+            del sys.modules[name]
+        sys.modules.update(_shim_modules())

@@ -1,40 +1,101 @@
 """The part of ``truss.base.truss_config`` (truss 0.18.25) that training configs use.
 
 Configs write ``from truss.base import truss_config`` and then ``truss_config.AcceleratorSpec``,
-``truss_config.Accelerator.H100``, ``truss_config.DockerAuthType.AWS_IAM`` or
-``truss_config.WeightsSource``; the import shim maps that module name here. Class names, fields,
-defaults, strictness and error messages match upstream, because a config that loads here must
-also load on Baseten and vice versa. The serving-only parts of upstream's module (``TrussConfig``,
-``Resources``...) are deliberately absent.
+``truss_config.Accelerator.H100``, ``truss_config.DockerAuthType.AWS_IAM``, ``truss_config.WeightsSource``
+or ``truss_config.Resources`` (what ``Compute.to_truss_config()`` returns); the import shim maps that
+module name here. Class names, fields, defaults, strictness and error messages match upstream, because
+a config that loads here must also load on Baseten and vice versa. The serving-only parts of upstream's
+module (``TrussConfig``, the serving ``Runtime``, ``Build``...) are deliberately absent: reading one
+raises ``AttributeError`` naming the reason (:data:`NOT_PROVIDED`).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any
+import math
+import re
+from typing import Annotated, Any, ClassVar
 
 import pydantic
+from pydantic_core import core_schema
 
+from slurm_bt.compat import truss_constants as constants
 from slurm_bt.compat._base import ConfigModel
 
 __all__ = [
+    "AWS_OIDC_REGION_PARAM",
+    "AWS_OIDC_ROLE_ARN_PARAM",
+    "DEFAULT_AWS_ACCESS_KEY_SECRET_NAME",
+    "DEFAULT_AWS_SECRET_ACCESS_KEY_SECRET_NAME",
+    "DEFAULT_BUNDLED_PACKAGES_DIR",
+    "DEFAULT_CPU",
+    "DEFAULT_DATA_DIRECTORY",
+    "DEFAULT_MEMORY",
+    "DEFAULT_MODEL_MODULE_DIR",
     "DEFAULT_TRAINING_CHECKPOINT_FOLDER",
+    "DOCKER_AUTH_SECRET_NAME_PARAM",
+    "GCP_OIDC_SERVICE_ACCOUNT_PARAM",
+    "GCP_OIDC_WORKLOAD_ID_PROVIDER_PARAM",
+    "K8S_RESERVED_ENVIRONMENT_VARIABLES",
+    "NOT_PROVIDED",
+    "PYPROJECT_TOML_FILENAME",
+    "UV_LOCK_FILENAME",
+    "WEIGHTS_AUTH_SECRET_NAME_PARAM",
     "Accelerator",
     "AcceleratorSpec",
     "AuthFieldsMixin",
+    "CheckpointList",
     "DockerAuthType",
+    "FabricRequirement",
+    "RequirementsFileType",
+    "Resources",
+    "TrainingArtifactReference",
+    "Weights",
     "WeightsAuth",
     "WeightsAuthMethod",
     "WeightsSource",
+    "constants",
+    "to_dotted_python_version",
 ]
 
+K8S_RESERVED_ENVIRONMENT_VARIABLES = {"PORT", "HOSTNAME"}
+PYPROJECT_TOML_FILENAME = constants.PYPROJECT_TOML_FILENAME  # upstream imports these two from constants
+UV_LOCK_FILENAME = constants.UV_LOCK_FILENAME
+DEFAULT_MODEL_MODULE_DIR = "model"
+DEFAULT_BUNDLED_PACKAGES_DIR = "packages"
+DEFAULT_DATA_DIRECTORY = "data"
+DEFAULT_CPU = "1"
+DEFAULT_MEMORY = "2Gi"
+DEFAULT_AWS_ACCESS_KEY_SECRET_NAME = "aws_access_key_id"  # noqa: S105 - a secret's name
+DEFAULT_AWS_SECRET_ACCESS_KEY_SECRET_NAME = "aws_secret_access_key"  # noqa: S105 - a secret's name
+
+# Where deployed checkpoints land (``CheckpointList``); not the same as
+# ``constants.DEFAULT_TRAINING_CHECKPOINT_FOLDER`` (loaded checkpoints), exactly as upstream.
 DEFAULT_TRAINING_CHECKPOINT_FOLDER = "/tmp/training_checkpoints"
 
 WEIGHTS_AUTH_SECRET_NAME_PARAM = "auth_secret_name"  # noqa: S105 - a field name, not a secret
+DOCKER_AUTH_SECRET_NAME_PARAM = "secret_name"  # noqa: S105 - a field name, not a secret
 AWS_OIDC_ROLE_ARN_PARAM = "aws_oidc_role_arn"
 AWS_OIDC_REGION_PARAM = "aws_oidc_region"
 GCP_OIDC_SERVICE_ACCOUNT_PARAM = "gcp_oidc_service_account"
 GCP_OIDC_WORKLOAD_ID_PROVIDER_PARAM = "gcp_oidc_workload_id_provider"
+
+
+def _is_numeric(number_like: str) -> bool:
+    try:
+        float(number_like)
+        return True
+    except ValueError:
+        return False
+
+
+class RequirementsFileType(str, enum.Enum):
+    """Which kind of requirements file a serving build reads (kept for the enum's values)."""
+
+    NOT_PROVIDED = "not_provided"
+    PIP = "pip"
+    PYPROJECT = "pyproject"
+    UV_LOCK = "uv_lock"
 
 
 class Accelerator(str, enum.Enum):
@@ -306,3 +367,228 @@ class DockerAuthType(str, enum.Enum):
     AWS_OIDC = "AWS_OIDC"
     GCP_OIDC = "GCP_OIDC"
     REGISTRY_SECRET = "REGISTRY_SECRET"  # noqa: S105 - a method name
+
+
+class Weights(pydantic.RootModel[list[WeightsSource]]):
+    """A list of weights sources whose mount locations are unique."""
+
+    @property
+    def sources(self) -> list[WeightsSource]:
+        """The sources, in order."""
+        return self.root
+
+    @pydantic.model_validator(mode="after")
+    def _validate_unique_mount_locations(self) -> Weights:
+        mount_locations: list[str] = []
+        for source in self.root:
+            if source.mount_location in mount_locations:
+                raise ValueError(
+                    f"Duplicate mount_location '{source.mount_location}' - "
+                    f"each weights source must have a unique mount path."
+                )
+            mount_locations.append(source.mount_location)
+        return self
+
+
+class FabricRequirement(ConfigModel):
+    """Network fabric requirements (serving; part of :class:`Resources`)."""
+
+    use_rdma: bool | None = pydantic.Field(
+        default=None, description="Whether to use RDMA with any supported fabric."
+    )
+    preferences: list[str] | None = pydantic.Field(
+        default=None,
+        description=(
+            "Exhaustive list of acceptable network fabrics, in preference order. "
+            "An empty list requires no fabric."
+        ),
+        examples=[["infiniband"]],
+    )
+
+    @pydantic.model_serializer(mode="wrap")
+    def _serialize(
+        self, handler: core_schema.SerializerFunctionWrapHandler, info: core_schema.SerializationInfo
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = handler(self)
+        if self.use_rdma is None:
+            result.pop("use_rdma", None)
+        if self.preferences is None:
+            result.pop("preferences", None)
+        return result
+
+
+class Resources(ConfigModel):
+    """Serving-style resources; what ``Compute.to_truss_config()`` returns.
+
+    ``cpu`` is a number or millicpus (``"500m"``), ``memory`` a number with an optional unit, as
+    upstream validates them (looser than slurm-bt's ``Compute.memory`` check, which is the loader's).
+    """
+
+    cpu: str = pydantic.Field(
+        default=DEFAULT_CPU,
+        description="CPU resources needed, expressed as either a raw number or millicpus.",
+        examples=["1", "500m", "4"],
+    )
+    memory: str = pydantic.Field(
+        default=DEFAULT_MEMORY,
+        description="CPU RAM needed, expressed as a number with units (Gi, G, Mi, M...).",
+        examples=["2Gi", "512Mi"],
+    )
+    accelerator: AcceleratorSpec = pydantic.Field(
+        default_factory=AcceleratorSpec,
+        description="The GPU type; use the ':' operator for several (e.g. L4:4).",
+        examples=["A100", "T4:2", "H100:8"],
+    )
+    instance_type: str | None = pydantic.Field(
+        default=None,
+        description="The full SKU name for the instance type; cpu, memory and accelerator are then ignored.",
+        examples=["L4:4x16"],
+    )
+    node_count: Annotated[int, pydantic.Field(ge=1, strict=True)] | None = pydantic.Field(
+        default=None, description="Number of nodes for multi-node deployments."
+    )
+    fabric: FabricRequirement | None = pydantic.Field(
+        default=None, description="Network fabric requirements for this deployment."
+    )
+
+    _MILLI_CPU_REGEX: ClassVar[re.Pattern[str]] = re.compile(r"^[0-9.]*m$")
+    _MEMORY_REGEX: ClassVar[re.Pattern[str]] = re.compile(r"^[0-9.]*([a-zA-Z]+)?$")
+    _MEMORY_UNITS: ClassVar[dict[str, int]] = {
+        "k": 10**3,
+        "M": 10**6,
+        "G": 10**9,
+        "T": 10**12,
+        "P": 10**15,
+        "E": 10**18,
+        "Ki": 1024,
+        "Mi": 1024**2,
+        "Gi": 1024**3,
+        "Ti": 1024**4,
+        "Pi": 1024**5,
+        "Ei": 1024**6,
+    }
+
+    @pydantic.computed_field(return_type=bool)  # type: ignore[prop-decorator]
+    @property
+    def use_gpu(self) -> bool:
+        """Whether an accelerator type is set."""
+        return self.accelerator.accelerator is not None
+
+    @property
+    def memory_in_bytes(self) -> int:
+        """``memory`` in bytes, rounded up (upstream's float arithmetic, kept)."""
+        if _is_numeric(self.memory):
+            return math.ceil(float(self.memory))
+        match = self._MEMORY_REGEX.search(self.memory)
+        assert match
+        unit = match.group(1)
+        return math.ceil(float(self.memory.strip(unit)) * self._MEMORY_UNITS[unit])
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def strip_use_gpu(cls, data: Any) -> Any:
+        """``use_gpu`` is dumped but not accepted as input; drop it so dumps round-trip."""
+        if isinstance(data, dict):
+            data = data.copy()
+            data.pop("use_gpu", None)
+        return data
+
+    @pydantic.field_validator("cpu")
+    @classmethod
+    def _validate_cpu(cls, cpu_spec: str) -> str:
+        if _is_numeric(cpu_spec):
+            return cpu_spec
+        if not cls._MILLI_CPU_REGEX.fullmatch(cpu_spec):
+            raise ValueError(f"Invalid cpu specification {cpu_spec}.")
+        return cpu_spec
+
+    @pydantic.field_validator("memory")
+    @classmethod
+    def _validate_memory(cls, mem_spec: str) -> str:
+        if _is_numeric(mem_spec):
+            return mem_spec
+        match = cls._MEMORY_REGEX.fullmatch(mem_spec)
+        if not match:
+            raise ValueError(f"Invalid memory specification {mem_spec}")
+        unit = match.group(1)
+        if unit not in cls._MEMORY_UNITS:
+            raise ValueError(f"Invalid memory unit {unit} in {mem_spec}")
+        return mem_spec
+
+    @pydantic.model_serializer(mode="wrap")
+    def _serialize(
+        self, handler: core_schema.SerializerFunctionWrapHandler, info: core_schema.SerializationInfo
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = handler(self)
+        if not self.node_count:
+            result.pop("node_count", None)
+        if not self.instance_type:
+            result.pop("instance_type", None)
+        if self.fabric is None:
+            result.pop("fabric", None)
+        return result
+
+
+class TrainingArtifactReference(ConfigModel):
+    """Files of one training job to download for a deploy (``Checkpoint.to_truss_config()``)."""
+
+    training_job_id: str = pydantic.Field(
+        ..., description="The training job id that the artifact reference belongs to."
+    )
+    paths: list[str] = pydantic.Field(
+        default_factory=list, description="The paths of the files to download which can contain * or ?."
+    )
+
+
+class CheckpointList(ConfigModel):
+    """The serving side of ``truss_train.CheckpointList`` (what its ``to_truss_config()`` returns)."""
+
+    download_folder: str = pydantic.Field(
+        default=DEFAULT_TRAINING_CHECKPOINT_FOLDER,
+        description="The folder to download the checkpoints to.",
+        examples=["/tmp/training_checkpoints"],
+    )
+    artifact_references: list[TrainingArtifactReference] = pydantic.Field(default_factory=list)
+    loops_checkpoint_ids: list[str] = pydantic.Field(
+        default_factory=list,
+        description="Loops checkpoint IDs to deploy. Mutually exclusive with artifact_references.",
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _no_mixing(self) -> CheckpointList:
+        if self.artifact_references and self.loops_checkpoint_ids:
+            raise ValueError(
+                "Cannot mix training job checkpoints and loops checkpoints in "
+                "the same deploy. Use either artifact_references / checkpoints "
+                "or loops_checkpoint_ids, not both."
+            )
+        return self
+
+
+def to_dotted_python_version(truss_python_version: str) -> str:
+    """``"py39"`` -> ``"3.9"`` (upstream's helper, same arithmetic)."""
+    return f"{truss_python_version[2]}.{truss_python_version[3:]}"
+
+
+_SERVING = "part of a truss model's serving config (Baseten model deployment), not of a training job"
+NOT_PROVIDED: dict[str, str] = {
+    **{
+        name: _SERVING
+        for name in (
+            "TrussConfig", "Runtime", "Build", "ModelServer", "ModelRepo", "ModelRepoSourceKind", "ModelCache",
+            "ModelRepoCacheInternal", "CacheInternal", "AutoscalingMetric", "AdditionalAutoscalingConfig",
+            "BISLLM", "HealthChecks", "TransportKind", "HTTPOptions", "WebsocketOptions", "GRPCOptions",
+            "Transport", "OIDC", "RequestBackpressure", "RemoteSSH", "EgressRestrictions", "ExternalDataItem",
+            "ExternalData", "DockerAuthSettings", "BaseImage", "DockerServer", "TRTLLMConfiguration",
+            "map_local_to_supported_python_version",
+        )
+    },
+}
+"""Upstream names this module deliberately lacks, with the reason :func:`__getattr__` gives."""
+
+
+def __getattr__(name: str) -> object:
+    reason = NOT_PROVIDED.get(name)
+    if reason is not None:
+        raise AttributeError(f"truss.base.truss_config.{name} is not available in slurm-bt: {reason}")
+    raise AttributeError(f"module 'truss.base.truss_config' has no attribute {name!r}")

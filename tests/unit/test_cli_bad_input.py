@@ -49,12 +49,12 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "wrong_type": ("""
         p = definitions.TrainingProject(name="x", job=definitions.TrainingJob(
             image=definitions.Image(base_image="x"), compute=definitions.Compute(cpu_count="4")))
-        """, ["config.py: job.compute.cpu_count:"]),
+        """, ["config.py: Compute.cpu_count: line 5:"]),
     "unknown_accelerator": ("""
         p = definitions.TrainingProject(name="x", job=definitions.TrainingJob(
             image=definitions.Image(base_image="x"),
             compute=definitions.Compute(accelerator=truss_config.AcceleratorSpec(accelerator="H1000"))))
-        """, ["config.py: job.compute.accelerator.accelerator:", "H1000", "H100"]),
+        """, ["config.py: AcceleratorSpec.accelerator: line 6:", "H1000", "H100"]),
     "relative_mount": (f"""
         p = definitions.TrainingProject(name="x", job={OK_JOB})
         p.job.weights = [truss_config.WeightsSource(source="hf://a/b", mount_location="models/x")]
@@ -73,8 +73,14 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "many_problems": ("""
         p = definitions.TrainingProject(name="x", job=definitions.TrainingJob(
             image=definitions.Image(base_image="x"),
-            compute=definitions.Compute(node_count=0, cpu_count="4", memory="bogus")))
+            compute=definitions.Compute(node_count=0, cpu_count=0, memory="bogus")))
         """, ["job.compute.node_count", "job.compute.cpu_count", "job.compute.memory"]),
+    "validation_error_escapes": ("""
+        p = definitions.TrainingProject(name="x", job=definitions.TrainingJob(
+            image=definitions.Image(base_image="x"),
+            compute={"node_count": "2", "cpu_count": "4", "memory": 2}))
+        """, ["config.py: TrainingJob.compute.node_count: line 4:", "TrainingJob.compute.cpu_count: line 4:",
+              "TrainingJob.compute.memory: line 4:"]),
     "missing_secret": (f"""
         p = definitions.TrainingProject(name="x", job={OK_JOB})
         p.job.runtime.environment_variables = {{"HF_TOKEN": definitions.SecretReference(name="hf_tok")}}

@@ -17,6 +17,10 @@ MODULES = [
     "slurm_bt.compat.stricter",
     "slurm_bt.compat.problems",
     "slurm_bt.compat.public_api",
+    "slurm_bt.compat.truss_constants",
+    "slurm_bt.compat.overrides",
+    "slurm_bt.compat._truss_train_loader",
+    "slurm_bt.compat._truss_train_deployment",
 ]
 
 

@@ -11,8 +11,17 @@ from typing import Any
 
 import pytest
 
-from slurm_bt.compat import _truss_train, definitions, public_api, truss_config
-from slurm_bt.compat.shim import SHIMMED_MODULES, truss_modules
+from slurm_bt.compat import (
+    _base,
+    _truss_train,
+    _truss_train_deployment,
+    _truss_train_loader,
+    definitions,
+    public_api,
+    truss_config,
+    truss_constants,
+)
+from slurm_bt.compat.shim import SHIMMED_MODULES, install_truss_modules, truss_modules
 
 UPSTREAM_ALL = [
     "push", "AvailabilityModel", "Compute", "Runtime", "SecretReference", "TrainingJob", "TrainingProject",
@@ -65,17 +74,20 @@ def test_truss_train_all_matches_upstream() -> None:
     # Upstream does not re-export InteractiveSession from the package.
     assert not hasattr(_truss_train, "InteractiveSession")
     assert set(SHIMMED_MODULES) == {
-        "truss", "truss.base", "truss.base.truss_config", "truss_train", "truss_train.definitions",
-        "truss_train.public_api",
+        "truss", "truss.base", "truss.base.truss_config", "truss.base.constants", "truss.base.custom_types",
+        "truss_train", "truss_train.definitions", "truss_train.public_api", "truss_train.loader",
+        "truss_train.deployment",
     }  # fmt: skip
+    # upstream's public_api imports loader and deployment: attributes of the package after import
+    assert _truss_train.loader is _truss_train_loader and _truss_train.deployment is _truss_train_deployment
 
 
 def test_other_truss_modules_fail_cleanly() -> None:
     with truss_modules():
         with pytest.raises(ModuleNotFoundError):
-            importlib.import_module("truss.base.constants")
+            importlib.import_module("truss.cli")
         with pytest.raises(ModuleNotFoundError):
-            importlib.import_module("truss_train.deployment")
+            importlib.import_module("truss_train.restore_from_checkpoint")
         with pytest.raises(ImportError):
             exec("from truss_train import InteractiveSession", {})
 
@@ -133,40 +145,80 @@ def test_nested_use_restores_outer_aliases() -> None:
     assert "truss_train" not in sys.modules
 
 
-def test_push_forwards_lazily_to_slurm_bt_push(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_upstream_surface_modules_resolve() -> None:
+    with truss_modules():
+        from truss.base import constants, custom_types  # type: ignore[import-not-found]
+        from truss.base.truss_config import (  # type: ignore[import-not-found]
+            DEFAULT_CPU,
+            DEFAULT_MEMORY,
+            CheckpointList,
+            Resources,
+            TrainingArtifactReference,
+        )
+        from truss_train import deployment, loader  # type: ignore[import-not-found]
+        from truss_train.loader import import_training_project  # type: ignore[import-not-found]
+
+        assert constants is truss_constants and custom_types is _base
+        assert loader is _truss_train_loader and deployment is _truss_train_deployment
+        assert import_training_project is _truss_train_loader.import_training_project
+        assert (DEFAULT_CPU, DEFAULT_MEMORY) == ("1", "2Gi")
+        assert Resources is truss_config.Resources and CheckpointList is truss_config.CheckpointList
+        assert TrainingArtifactReference is truss_config.TrainingArtifactReference
+        assert constants.DEFAULT_TRAINING_CHECKPOINT_FOLDER == "/tmp/loaded_checkpoints"
+        assert definitions.constants is truss_constants and definitions.custom_types is _base
+
+
+def test_install_for_the_process_and_loads_inside_restore_it() -> None:
+    try:
+        install_truss_modules()
+        assert sys.modules["truss_train"] is _truss_train
+        with truss_modules():
+            assert sys.modules["truss_train"] is _truss_train
+        assert sys.modules["truss_train"] is _truss_train and "truss.base.constants" in sys.modules
+    finally:
+        for name in list(_truss_entries()):
+            del sys.modules[name]
+
+
+@pytest.fixture()
+def fake_submitter(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, dict[str, Any]]]:
     calls: list[tuple[Any, dict[str, Any]]] = []
 
     def fake_push(config: Any, **kwargs: Any) -> dict[str, Any]:
         calls.append((config, kwargs))
         return {"id": "1", "training_project": {"id": "p"}}
 
-    fake_module = types.ModuleType("slurm_bt.push")
-    fake_module.push = fake_push  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "slurm_bt.push", fake_module)
-    import slurm_bt
+    monkeypatch.setattr(public_api, "_submitter", None)
+    public_api.register_push(fake_push)
+    return calls
 
-    monkeypatch.setattr(slurm_bt, "push", fake_module, raising=False)
+
+def test_push_forwards_to_the_registered_submitter(fake_submitter: list[Any], tmp_path: Path) -> None:
     result = public_api.push(tmp_path / "config.py", remote="dev")
     assert result["id"] == "1"
-    assert calls == [(tmp_path / "config.py", {"remote": "dev", "source_dir": None, "team_id": None})]
-    monkeypatch.setattr(slurm_bt, "push", fake_push, raising=False)
-    public_api.push(tmp_path / "c.py")
-    assert len(calls) == 2
+    assert fake_submitter == [(tmp_path / "config.py", {"remote": "dev", "source_dir": None, "team_id": None})]
 
 
-def test_config_can_call_push_from_truss_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[Any] = []
-    fake_module = types.ModuleType("slurm_bt.push")
+def test_push_without_a_registered_submitter_says_how_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_bt.errors import UserError
 
-    def fake_push(config: Any, **kwargs: Any) -> dict[str, Any]:
-        seen.append(config)
-        return {}
+    monkeypatch.setattr(public_api, "_submitter", None)
+    with pytest.raises(UserError, match="slurm-bt run SCRIPT"):
+        public_api.push(Path("config.py"))
 
-    fake_module.push = fake_push  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "slurm_bt.push", fake_module)
-    import slurm_bt
 
-    monkeypatch.setattr(slurm_bt, "push", fake_module, raising=False)
+def test_importing_the_api_registers_slurm_bt_push_without_import_strings() -> None:
+    import subprocess
+
+    code = ("import slurm_bt.api, slurm_bt.compat.public_api as p; "
+            "assert p._submitter is slurm_bt.api.push; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "ok"
+    source = Path(public_api.__file__).read_text()
+    assert "importlib" not in source and "import_module" not in source
+
+
+def test_config_can_call_push_from_truss_train(tmp_path: Path, fake_submitter: list[Any]) -> None:
     script = tmp_path / "script.py"
     script.write_text(
         textwrap.dedent(
@@ -179,4 +231,4 @@ def test_config_can_call_push_from_truss_train(tmp_path: Path, monkeypatch: pyte
     )
     with truss_modules():
         exec(compile(script.read_text(), str(script), "exec"), {})
-    assert seen == [Path("x/config.py")]
+    assert [c for c, _ in fake_submitter] == [Path("x/config.py")]

@@ -132,10 +132,45 @@ def test_pass_through_that_would_leak_the_environment_is_refused(
 
 def test_dry_run_needs_no_slurm_and_writes_nothing(project_dir: Path, isolated_home: Path,
                                                    site_env: dict[str, str]) -> None:
+    _store(isolated_home).set("tok", "x")
     slurm = FakeSlurm()
     result = submit_config(project_dir / "config.py", dry_run=True, runner=slurm,
                            site=load_site_settings(environ=site_env), environ=site_env)
     assert result.job_id is None and result.script.startswith("#!/bin/bash\n")
-    assert any("'tok'" in w for w in result.warnings)
     assert slurm.calls == []
     assert _tree(isolated_home / "ws") == []
+    # it says what it could not check without Slurm
+    assert result.warnings[-1].startswith("dry run: checked the config, secrets, 0 weights source(s) and the "
+                                          "snapshot (2 files); not checked: whether Slurm accepts the job")
+
+
+def test_dry_run_fails_on_a_missing_secret_as_a_submit_does(project_dir: Path, isolated_home: Path,
+                                                            site_env: dict[str, str]) -> None:
+    slurm = FakeSlurm()
+    with pytest.raises(SecretError, match="slurm-bt secrets set tok"):
+        submit_config(project_dir / "config.py", dry_run=True, runner=slurm,
+                      site=load_site_settings(environ=site_env), environ=site_env)
+    assert slurm.calls == [] and _tree(isolated_home / "ws") == []
+
+
+def test_dry_run_makes_the_snapshot_checks_without_copying(project_dir: Path, isolated_home: Path,
+                                                           site_env: dict[str, str]) -> None:
+    from slurm_bt.errors import SnapshotError
+
+    _store(isolated_home).set("tok", "x")
+    os.mkfifo(project_dir / "a.fifo")  # a real submit refuses to snapshot a FIFO (it would hang reading it)
+    with pytest.raises(SnapshotError, match=r"a\.fifo: not a regular file"):
+        submit_config(project_dir / "config.py", dry_run=True, runner=FakeSlurm(),
+                      site=load_site_settings(environ=site_env), environ=site_env)
+    assert _tree(isolated_home / "ws") == []
+
+
+def test_dry_run_checks_the_job_dir_can_be_made(project_dir: Path, isolated_home: Path,
+                                                site_env: dict[str, str]) -> None:
+    from slurm_bt.errors import StorageError
+
+    _store(isolated_home).set("tok", "x")
+    (isolated_home / "ws").write_text("a file where the workspace should be\n")
+    with pytest.raises(StorageError, match="ws is not a directory"):
+        submit_config(project_dir / "config.py", dry_run=True, runner=FakeSlurm(),
+                      site=load_site_settings(environ=site_env), environ=site_env)

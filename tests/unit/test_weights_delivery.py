@@ -147,13 +147,23 @@ def test_bad_sources_fail_submission_with_exit_2_naming_the_field(world: dict[st
     assert slurm.calls_to("sbatch") == []
 
 
-def test_dry_run_does_no_network_io(world: dict[str, object], fake_hub: FakeHub) -> None:
-    config = _project(world["tmp"], ["hf://org/never-contacted"])
-    before = len(fake_hub.requests)
+def test_dry_run_pins_sources_as_a_submit_does_and_submits_nothing(world: dict[str, object], fake_hub: FakeHub,
+                                                                   repo: tuple[str, dict[str, bytes]]) -> None:
+    name, _ = repo
     env = world["env"]
     assert isinstance(env, dict)
-    submit_config(config, dry_run=True, site=world["site"], environ=env)  # type: ignore[arg-type]
-    assert len(fake_hub.requests) == before
+    slurm = FakeSlurm()
+    bad = _project(world["tmp"], [f"hf://{name}", "hf://nobody/missing-repo"])
+    with pytest.raises(SourceSpecError) as info:  # found by the dry run, not at the real submit
+        submit_config(bad, dry_run=True, runner=slurm, site=world["site"], environ=env)  # type: ignore[arg-type]
+    assert "job.weights[1].source: hf://nobody/missing-repo" in "\n".join(info.value.lines())
+    before = len(fake_hub.requests)
+    good = _project(world["tmp"], [f"hf://{name}"])
+    result = submit_config(good, dry_run=True, runner=slurm, site=world["site"], environ=env)  # type: ignore[arg-type]
+    assert len(fake_hub.requests) > before  # listed, as a submit lists
+    assert slurm.calls == [] and result.job_id is None
+    assert "1 weights source(s)" in result.warnings[-1] and "submitting the weights staging job" in result.warnings[-1]
+    assert not (Path(str(world["tmp"])) / "ws").exists() and not (Path(str(world["tmp"])) / "cluster").exists()
 
 
 def test_branch_moves_between_submit_and_staging(world: dict[str, object], repo: tuple[str, dict[str, bytes]],
