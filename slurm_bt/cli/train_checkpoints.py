@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from slurm_bt.cli.errors import handle_errors
-from slurm_bt.cli.train_jobs import check_remote, pick_job, project_option, render
+from slurm_bt.cli.train_jobs import artifact_stem, check_remote, pick_job, project_option, render
 from slurm_bt.units import format_bytes
 
 if TYPE_CHECKING:
@@ -222,7 +222,6 @@ def get_checkpoint_urls_command(job_id: str | None, remote: str | None, expires_
             job = {**job_statuses([record])[0].as_dict(), **job}
         out = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(), "job": job,
                "checkpoint_artifacts": artifacts}
-        name = f"{index.project_name.replace(' ', '-').replace('/', '-')}_{jid}_checkpoints.json".lstrip(".")
-        path = Path.cwd() / name
+        path = Path.cwd() / f"{artifact_stem(index.project_name, jid)}_checkpoints.json"
         write_file_atomic(path, json.dumps(out, indent=2).encode() + b"\n", mode=0o600)
     click.echo(f"✨ Training job checkpoint artifacts downloaded to {path}")

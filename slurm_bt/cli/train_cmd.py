@@ -27,6 +27,7 @@ from slurm_bt.cli.errors import handle_errors
 from slurm_bt.cli.train_jobs import (
     ACTIVE,
     QUEUED,
+    artifact_stem,
     check_remote,
     confirm,
     job_statuses,
@@ -553,12 +554,6 @@ def update_command(job_id: str, priority: int | None, remote: str | None, log_le
 # -- download -----------------------------------------------------------------------------------
 
 
-def _artifact_name(record: SubmissionRecord) -> str:
-    """truss train's ``<project>_<job>`` (spaces become dashes), kept to one path component."""
-    name = f"{record.project_name}_{record.job_id}".replace(" ", "-").replace("/", "-")
-    return name.lstrip(".") or f"job_{record.job_id}"
-
-
 def download_snapshot(record: SubmissionRecord, target: Path, *, unzip: bool) -> Path:
     """Copy the job's source snapshot to ``target``: a ``.tgz``, or unpacked into a new directory.
 
@@ -578,7 +573,7 @@ def download_snapshot(record: SubmissionRecord, target: Path, *, unzip: bool) ->
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise click.ClickException(f"{src} is not your job's snapshot directory")
     target.mkdir(parents=True, exist_ok=True)
-    base = _artifact_name(record)
+    base = artifact_stem(record.project_name, record.job_id)
     final = target / (base if unzip else f"{base}.tgz")
     if os.path.lexists(final):
         raise click.ClickException(f"'{final}' already exists. Please remove it or specify a different "

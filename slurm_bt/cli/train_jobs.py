@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTIVE",
     "QUEUED",
+    "artifact_stem",
     "check_remote",
     "confirm",
     "job_statuses",
@@ -57,6 +58,17 @@ def project_option(project: str | None, project_id: str | None) -> str | None:
     if project and project_id:
         note("Both `project-id` and `project` provided. Using `project`.")
     return project or project_id
+
+
+def artifact_stem(project_name: str, job_id: str) -> str:
+    """truss train's ``<project>_<job>`` file name, kept to one short, plain path component.
+
+    The project name comes from a config (or a checkpoint index): anything but letters, digits,
+    ``.``, ``_`` and ``-`` becomes ``-`` (upstream replaces spaces), no leading dot, at most 100
+    characters, so the name can never climb out of the target directory or be refused as too long.
+    """
+    plain = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "-" for c in project_name)
+    return f"{plain.lstrip('.')[:100] or 'project'}_{job_id}"
 
 
 def note(message: str) -> None:

@@ -247,7 +247,7 @@ def test_checkpoints_list_and_presigned_urls(dev_cluster: dict[str, object], sea
     assert doc["job"]["id"] == job and len(doc["checkpoint_artifacts"]) == 4
     for art in doc["checkpoint_artifacts"]:
         assert "X-Amz-Signature=" in art["url"]
-        with urllib.request.urlopen(art["url"], timeout=30) as resp:  # noqa: S310 (loopback test server)
+        with urllib.request.urlopen(art["url"], timeout=30) as resp:
             body = resp.read()
         assert len(body) == art["size_bytes"] and hashlib.sha256(body).hexdigest() == art["sha256"]
 
