@@ -166,8 +166,10 @@ class SiteSettings(_Strict):
         default_partition: partition for jobs without an accelerator mapping of their own.
         staging_partition: CPU partition that runs weight-mirroring jobs before GPUs are held.
         accelerators: truss ``Accelerator`` value (``H100``) → GRES type and partition.
-        cpus_per_gpu: CPUs per GPU when the config leaves ``cpu_count`` at its default (0: off).
-        mem_per_gpu: memory per GPU (``"32Gi"``) when the config leaves ``memory`` at its default.
+        cpus_per_gpu: CPUs per GPU when a GPU config leaves ``cpu_count`` at truss's default (0: the
+            share of the partition's nodes, read from Slurm; docs/compatibility.md).
+        mem_per_gpu: memory per GPU (``"32Gi"``) when a GPU config leaves ``memory`` at truss's
+            default (unset: the share of the partition's nodes).
         container_runtime: ``pyxis`` (``srun --container-image``), ``apptainer`` or ``none``.
         python: absolute interpreter with slurm-bt installed on every node; ``None`` uses the one
             running the submission (right when the install is on a shared path).
