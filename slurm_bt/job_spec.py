@@ -29,6 +29,7 @@ __all__ = [
     "CacheSpec",
     "CheckpointSpec",
     "DockerAuthSpec",
+    "InteractiveSpec",
     "JobSpec",
     "LoadCheckpointSpec",
     "SubmitContext",
@@ -125,6 +126,19 @@ class CacheSpec(_Frozen):
     mount_base_path: str = "/root/.cache"
 
 
+class InteractiveSpec(_Frozen):
+    """InteractiveSession: when a shell may be opened in the running job (``slurm-bt ssh``).
+
+    ``trigger`` is upstream's: ``on_startup`` prints the attach command in the job's log as soon as
+    the start commands begin, ``on_failure`` keeps the allocation ``timeout_minutes`` after they
+    fail, ``on_demand`` just allows attaching. For the other two, ``timeout_minutes`` bounds each
+    attached shell (its step's time limit). See docs/cli.md §Interactive sessions.
+    """
+
+    trigger: Literal["on_startup", "on_failure", "on_demand"] = "on_demand"
+    timeout_minutes: int = 480
+
+
 class JobSpec(_Frozen):
     """Everything about one submission that the batch script and the node-side code need."""
 
@@ -161,6 +175,7 @@ class JobSpec(_Frozen):
     warnings: tuple[str, ...] = ()
     # Where --cpus-per-task and --mem came from, one line each (comments in the batch script).
     resource_notes: tuple[str, ...] = ()
+    interactive: InteractiveSpec | None = None
 
     @property
     def src_dir(self) -> str:
@@ -447,9 +462,20 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
     warnings += ignored_field_warnings(project, container_runtime=rt)
     if rt == "none":
         docker_auth = None  # no image is pulled, so its registry secrets are not needed (warned above)
+    interactive: InteractiveSpec | None = None
     if job.interactive_session is not None:
-        warnings.append("interactive_session is not supported on Slurm and is ignored; "
-                        "use `srun --jobid=<id> --overlap --pty bash` to attach to a running job")
+        session = job.interactive_session
+        trigger = getattr(session.trigger, "value", str(session.trigger))
+        if session.timeout_minutes < 1:
+            problems.append(Problem("job.interactive_session.timeout_minutes",
+                                    f"must be at least 1 minute (got {session.timeout_minutes})"))
+        else:
+            interactive = InteractiveSpec(trigger=trigger, timeout_minutes=session.timeout_minutes)
+        provider = getattr(session.session_provider, "value", str(session.session_provider))
+        if provider != "ssh":  # upstream's default is vs_code: say once what the user gets instead
+            warnings.append(f"interactive_session.session_provider={provider} (and auth_provider) are ignored: "
+                            "no VS Code/Cursor tunnel on Slurm; the session is a shell in the job: "
+                            "`slurm-bt ssh <job id> [--node RANK]`")
     if job.priority is not None:
         warnings.append("priority is recorded but not mapped to Slurm; pass `-- --qos=...` or "
                         "`-- --nice=...` to bt-sbatch instead")
@@ -496,4 +522,5 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
         storage=site.storage.model_dump(),
         warnings=tuple(warnings),
         resource_notes=tuple(resource_notes),
+        interactive=interactive,
     )

@@ -25,10 +25,12 @@ from slurm_bt.render.quoting import Var, sbatch_directive_value, shq, shq_concat
 
 __all__ = [
     "ENTRY_NAME",
+    "SESSION_CONTAINER_PREFIX",
     "container_image_ref",
     "render_batch_script",
     "render_node_entry",
     "sbatch_directives",
+    "session_env_path",
 ]
 
 ENTRY_NAME = "node_entry.sh"
@@ -168,16 +170,61 @@ def render_batch_script(spec: JobSpec) -> str:
         "# Step 2, every node: the start commands, in order, from the config snapshot.",
     ]
     step = f"{srun} --job-name=bt-train --output={node_log}"
+    # -- interactive sessions (slurm_bt/cli/isession_cmd.py): say how to attach, once it runs.
+    if spec.interactive is not None and spec.interactive.trigger == "on_startup":
+        lines += _session_notice("interactive session (on_startup)")
+    # -- end interactive sessions
     if spec.container_runtime == "pyxis":
         if spec.docker_auth:
             lines.append(f"export ENROOT_CONFIG_PATH={_word(runtime_dir(spec, _JOB) + '/enroot')}")
         flags = [f"--container-image={shq(container_image_ref(spec.image))}"]
+        if spec.interactive is not None:  # named, so `slurm-bt ssh` can enter it (pyxis NAME:exec)
+            flags.append(_word(f"--container-name={SESSION_CONTAINER_PREFIX}{_JOB}"))
         flags += _mounts_arg(layout.binds, "pyxis")
         flags.append(f"--container-workdir={shq(layout.workdir)}")
         lines.append(" \\\n    ".join([step, *flags, f"/bin/bash {entry}"]))
     else:
         lines.append(f"{step} /bin/bash {entry}")
+    if spec.interactive is not None and spec.interactive.trigger == "on_failure":
+        lines[-1] += " || bt_train_rc=$?"
+        lines.insert(len(lines) - 1, "bt_train_rc=0")
+        lines += _failure_hold(spec.interactive.timeout_minutes)
     return "\n".join(lines) + "\n"
+
+
+# -- interactive sessions: what the batch script says and does for InteractiveSession (docs/cli.md).
+SESSION_CONTAINER_PREFIX = "bt-session-"
+"""pyxis container name of a job's step 2 (``bt-session-<job id>``) when it has an interactive session."""
+
+
+def _session_notice(what: str) -> list[str]:
+    """Print the attach command into the job's batch log (``slurm-bt logs`` shows it as ``[batch]``)."""
+    return [
+        "# Interactive session: how to open a shell on a node of this job (printed into its log).",
+        f'echo "slurm-bt: {what}: open a shell on a node of this job with '
+        '\\`slurm-bt ssh ${SLURM_JOB_ID} --node RANK\\` or \\`slurm-bt train isession --job-id ${SLURM_JOB_ID} '
+        '--node RANK\\` (RANK 0..$((SLURM_JOB_NUM_NODES - 1)), nodes ${SLURM_JOB_NODELIST})"',
+    ]
+
+
+def _failure_hold(minutes: int) -> list[str]:
+    """on_failure: keep the allocation ``minutes`` after the start commands failed, then fail the job.
+
+    ``sleep & wait`` rather than a foreground sleep so a trapped signal (scancel, the time limit's
+    warning) is handled at once instead of after the whole hold.
+    """
+    return [
+        'if [ "$bt_train_rc" -ne 0 ]; then',
+        *("  " + line for line in _session_notice(
+            f"the start commands failed (exit $bt_train_rc); interactive session (on_failure): "
+            f"the allocation is kept for {minutes} min")),
+        f"  sleep {minutes * 60} & wait $! || true",
+        '  echo "slurm-bt: interactive session (on_failure) ended after '
+        f'{minutes} min; the job fails with exit $bt_train_rc"',
+        '  exit "$bt_train_rc"',
+        "fi",
+    ]
+# -- end interactive sessions
 
 
 def _checkpoint_uploader_lines(spec: JobSpec, srun: str, python: str) -> list[str]:
@@ -250,6 +297,8 @@ def render_node_entry(spec: JobSpec) -> str:
             "fi",
             "unset APPTAINER_DOCKER_USERNAME APPTAINER_DOCKER_PASSWORD",
         ]
+    if spec.interactive is not None:
+        lines += _session_env_lines(spec)
     lines += [
         f"cd -- {shq(layout.workdir)} || exit 1",
         "set +u +o pipefail  # start commands run with ordinary shell semantics",
@@ -263,3 +312,29 @@ def render_node_entry(spec: JobSpec) -> str:
         "done",
     ]
     return "\n".join(lines) + "\n"
+
+def session_env_path(spec: JobSpec, job_id: str, rank: int | str) -> str:
+    """Where node ``rank`` keeps its environment for ``slurm-bt ssh`` (tmpfs, 0600; the epilog removes it)."""
+    return f"{runtime_dir(spec, job_id)}/node-{rank}.session"
+
+
+def _session_env_lines(spec: JobSpec) -> list[str]:
+    """Save the start commands' environment, minus secrets and the step's ``SLURM_*``, for sessions.
+
+    An attached shell is a different step: it gets its own ``SLURM_*`` from srun, and loads these
+    (``BT_*``, ``MASTER_*``, the config's literal variables) from this file. Secret values stay
+    only in the start commands' processes, as docs/architecture.md promises, so they are left out.
+    Pure bash (``compgen -e``): the container image need not have GNU ``env -0``.
+    """
+    skip = [shq(key) for key, _ in spec.secret_env] + ["SLURM_*", "APPTAINER_DOCKER_*"]
+    path = _word(session_env_path(spec, _JOB, "")[:-len(".session")])
+    return [
+        "# Interactive session: this node's environment for `slurm-bt ssh` (secrets left out).",
+        f'bt_session={path}"${{SLURM_NODEID}}.session"',
+        "( umask 077",
+        "  for bt_n in $(compgen -e); do",
+        f'    case "$bt_n" in {"|".join(skip)}) ;; *) printf \'%s=%s\\0\' "$bt_n" "${{!bt_n}}" ;; esac',
+        '  done > "$bt_session.tmp" && mv -f -- "$bt_session.tmp" "$bt_session"',
+        ') || echo "slurm-bt: could not save the environment for interactive sessions" >&2',
+        "unset bt_session",
+    ]
