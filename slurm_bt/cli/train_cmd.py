@@ -98,73 +98,20 @@ def train_group() -> None:
 # -- push ---------------------------------------------------------------------------------------
 
 
-def _warn_override(message: str) -> None:
-    """An override warning worded as truss train words it (truss_train/deployment.py)."""
-    click.echo(f"⚠ Warning: {message}", err=True)
-
-
 def apply_overrides(project: TrainingProject, *, job_name: str | None, interactive: str | None,
                     interactive_timeout_minutes: int | None, accelerator: str | None, node_count: int | None,
                     entrypoint: str | None, priority: int | None, spot: bool) -> None:
-    """truss train push's flag overrides, each warning when it replaces a value from the config.
+    """truss train push's flag overrides, each warning (``⚠ Warning: ...``) when it replaces a config value.
 
-    Mirrors ``create_training_job``/``_apply_cli_overrides`` of truss_train/deployment.py (0.18.25):
-    the same conditions for warning, the same assignments (validated by the models).
+    The one implementation of upstream's ``create_training_job``/``_apply_cli_overrides``
+    (slurm_bt/compat/overrides.py), shared with the import shim's ``truss_train.deployment``.
+    ``--team`` is not applied here: it becomes ``--account`` (teams are Slurm accounts).
     """
-    from slurm_bt.compat import truss_config
-    from slurm_bt.compat.definitions import (
-        DEFAULT_INTERACTIVE_SESSION_TIMEOUT_MINUTES,
-        AvailabilityModel,
-        InteractiveSession,
-        InteractiveSessionTrigger,
-    )
+    from slurm_bt.compat.overrides import apply_cli_overrides, apply_job_name_and_team
 
-    job = project.job
-    if job_name:
-        if job.name:
-            _warn_override(f"name '{job.name}' provided in config file will be ignored. Using job name "
-                           f"'{job_name}' provided via --job-name flag.")
-        job.name = job_name
-    if interactive is not None or interactive_timeout_minutes is not None:
-        if job.interactive_session is None:
-            job.interactive_session = InteractiveSession()
-        session = job.interactive_session
-        if interactive is not None:
-            if session.trigger != InteractiveSessionTrigger.ON_DEMAND:
-                _warn_override(f"interactive trigger '{session.trigger.value}' provided in config file will be "
-                               f"ignored. Using '{interactive}' provided via --interactive flag.")
-            session.trigger = InteractiveSessionTrigger(interactive.lower())
-        if interactive_timeout_minutes is not None:
-            if session.timeout_minutes != DEFAULT_INTERACTIVE_SESSION_TIMEOUT_MINUTES:
-                _warn_override(f"interactive timeout '{session.timeout_minutes}' minutes provided in config file "
-                               f"will be ignored. Using '{interactive_timeout_minutes}' minutes provided via "
-                               "--interactive-timeout-minutes flag.")
-            session.timeout_minutes = interactive_timeout_minutes
-    if accelerator is not None:
-        existing = job.compute.accelerator
-        if existing is not None:
-            _warn_override(f"accelerator '{existing}' provided in config file will be ignored. Using "
-                           f"'{accelerator}' provided via --accelerator flag.")
-        job.compute.accelerator = truss_config.AcceleratorSpec.model_validate(accelerator)
-    if node_count is not None:
-        if job.compute.node_count != 1:
-            _warn_override(f"node_count '{job.compute.node_count}' provided in config file will be ignored. "
-                           f"Using '{node_count}' provided via --node-count flag.")
-        job.compute.node_count = node_count
-    if entrypoint is not None:
-        if job.runtime.start_commands:
-            _warn_override(f"start_commands {job.runtime.start_commands} provided in config file will be "
-                           f"ignored. Using '{entrypoint}' provided via --entrypoint flag.")
-        job.runtime.start_commands = [entrypoint]
-    if priority is not None:
-        if job.priority is not None:
-            _warn_override(f"priority '{job.priority}' provided in config file will be ignored. Using "
-                           f"'{priority}' provided via --priority flag.")
-        job.priority = priority
-    if spot:
-        # As upstream: the flag always wins, without a warning (the default is indistinguishable
-        # from an explicit "dedicated").
-        job.compute.availability_model = AvailabilityModel.SPOT
+    apply_job_name_and_team(project, job_name, None)
+    apply_cli_overrides(project, interactive, interactive_timeout_minutes, accelerator, node_count, entrypoint,
+                        priority, spot)
 
 
 def _created(job_id: str) -> None:
