@@ -129,8 +129,20 @@ def ssh_command(job_id: str, node: str | None, command: str | None, host: str | 
 @click.option("--job-id", "job_id", required=True, help="The running training job.")
 @click.option("--node", default=None, metavar="N", help=_NODE_HELP)
 @click.option("--command", default=None, metavar="CMD", help=_COMMAND_HELP)
+@click.option("--remote", default=None, metavar="NAME", hidden=True,
+              help="Accepted for truss compatibility: this cluster only.")
+@click.option("--update-timeout", "update_timeout", type=int, default=None, hidden=True)
+@click.option("--update-trigger", "update_trigger", default=None, hidden=True)
 @host_options
-def isession_command(job_id: str, node: str | None, command: str | None, host: str | None,
+def isession_command(job_id: str, node: str | None, command: str | None, remote: str | None,
+                     update_timeout: int | None, update_trigger: str | None, host: str | None,
                      accept_new_host_key: bool, debug: bool) -> None:
     """Interactive session: a shell inside the running job (truss train isession; here srun --pty)."""
+    if update_timeout is not None or update_trigger is not None:
+        # Upstream patches a hosted session; here trigger and hold are part of the submitted batch script.
+        with handle_errors("slurm-bt", debug=debug):
+            raise UserError("isession", [Problem(
+                "--update-timeout/--update-trigger",
+                "a running job's session settings cannot change on Slurm: they are fixed in its batch script "
+                "at submission; set InteractiveSession in the config (or `slurm-bt train push --interactive`)")])
     _attach(job_id, node, command, host, accept_new_host_key, debug)

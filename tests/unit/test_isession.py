@@ -181,3 +181,17 @@ def test_pick_node_by_rank_or_name() -> None:
     for bad in ("2", "n3"):
         with pytest.raises(UserError):
             _pick_node(nodes, bad)
+
+
+def test_cli_refuses_other_peoples_jobs_and_session_updates(isolated_home: Path) -> None:
+    from click.testing import CliRunner
+
+    from slurm_bt.cli.main import cli
+
+    runner = CliRunner()
+    missing = runner.invoke(cli, ["ssh", "4242", "--command", "true"])
+    assert missing.exit_code == 2 and "no submission record for job 4242" in missing.output
+    bad_id = runner.invoke(cli, ["ssh", "42.batch"])
+    assert bad_id.exit_code == 2
+    update = runner.invoke(cli, ["train", "isession", "--job-id", "4242", "--update-timeout", "5"])
+    assert update.exit_code == 2 and "fixed in its batch script" in update.output
