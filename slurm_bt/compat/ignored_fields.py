@@ -11,7 +11,10 @@ Pure: reads the project model only; the site's container runtime comes in as a s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
+
+import pydantic
 
 if TYPE_CHECKING:
     from slurm_bt.compat.definitions import TrainingProject
@@ -70,5 +73,23 @@ def ignored_field_warnings(project: TrainingProject, *, container_runtime: str) 
         out.append(f"job.runtime.load_checkpoint_config.download_folder={load.download_folder!r} is ignored "
                    "without a container (site container_runtime = \"none\"): the checkpoints are placed "
                    "in $BT_LOAD_CHECKPOINT_DIR")
+    out += [f"{loc} is ignored: truss 0.18.25 accepts unknown keys in this object and keeps them, but no "
+            "slurm-bt feature reads them (a typo of a field name?)" for loc in _extra_keys(project, "")]
     return out
+
+
+def _extra_keys(value: object, loc: str) -> Iterator[str]:
+    """Paths of the extra keys the lax models (WeightsSource, WeightsAuth, AcceleratorSpec, the
+    checkpoint classes) kept: upstream forwards them to Baseten, here nothing reads them."""
+    if isinstance(value, pydantic.BaseModel):
+        for key in sorted(value.__pydantic_extra__ or {}):
+            yield f"{loc}.{key}" if loc else key
+        for name in type(value).model_fields:
+            yield from _extra_keys(getattr(value, name, None), f"{loc}.{name}" if loc else name)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _extra_keys(item, f"{loc}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _extra_keys(item, f"{loc}.{key}")
 

@@ -134,3 +134,13 @@ def test_dry_run_prints_each_warning_once(tmp_path: Path) -> None:
     err = result.stderr
     for field in ("team_name='t1' is ignored", "volume_size_gib=100 is ignored", "base_image="):
         assert err.count(field) == 1, err
+
+
+def test_unknown_keys_the_lax_models_keep_are_warned_about(tmp_path: Path) -> None:
+    """WeightsSource/AcceleratorSpec keep extra keys as upstream does; nothing here reads them."""
+    body = ('compute=definitions.Compute(accelerator={"accelerator": "H100", "count": 1, "shape": "big"}),\n'
+            '                weights=[truss_config.WeightsSource(source="hf://Qwen/Qwen3-0.6B", '
+            'mount_location="/models/m", revison="abc")],')
+    warnings = _warnings(_config(tmp_path, body))
+    assert len(_about(warnings, "job.compute.accelerator.shape is ignored")) == 1
+    assert len(_about(warnings, "job.weights[0].revison is ignored")) == 1
