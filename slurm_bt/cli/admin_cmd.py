@@ -323,11 +323,12 @@ def _hook_timeout_checks(conf: dict[str, str], release: SlurmRelease | None, dea
 
 
 def release_checks(release: SlurmRelease | None, conf: dict[str, str],
-                   nodes: list[dict[str, str]] | None = None) -> list[Check]:
+                   nodes: list[dict[str, str]] | None = None, node_cache: str | None = None) -> list[Check]:
     """``info`` lines: the Slurm release and, per feature of newer releases, whether slurm-bt uses it.
 
     ``nodes`` (``scontrol show node``) tells whether ``--prefer`` can favour a node: only a node with
-    a feature of its own can be (slurm_bt/slurm/prefer.py).
+    a feature of its own can be (slurm_bt/slurm/prefer.py); ``node_cache`` (the site's root) whether
+    bt-sbatch can tell the nodes' caches apart (it needs ``%n``, slurm_bt/weights/placement.py).
     """
     from slurm_bt.slurm.prefer import prefer_expression
 
@@ -341,6 +342,8 @@ def release_checks(release: SlurmRelease | None, conf: dict[str, str],
                 prefer_expression(nodes, [n.get("NodeName", "")]) for n in nodes):
             state = ("available, no effect: no node has a feature of its own to prefer it by "
                      "(e.g. NodeName=gpu07 Features=gpu07)")
+        elif in_use[f.name] and f.name == "prefer" and node_cache is not None and "%n" not in node_cache:
+            state = f"available, no effect: storage.node_cache ({node_cache}) does not name the node (%n)"
         elif in_use[f.name]:
             state = "in use"
         elif not release.at_least(*f.since):
@@ -407,7 +410,7 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
             known_nodes: list[dict[str, str]] | None = _slurm().nodes()
         except SlurmCommandError:
             known_nodes = None
-        checks += release_checks(release, conf, known_nodes)
+        checks += release_checks(release, conf, known_nodes, site.storage.node_cache)
         flags = conf.get("PrologFlags", "")
         if "Alloc" not in flags or "DeferBatch" not in flags:
             checks.append(Check("PrologFlags", False, f"PrologFlags={flags}",

@@ -165,3 +165,47 @@ def test_doctor_prints_the_release_and_each_feature() -> None:
     assert off["feature requeue_expedite (>= 25.11)"].startswith(
         "available, off: add enable_expedited_requeue to SlurmctldParameters")
     assert release_checks(None, {})[0].problem.startswith("unknown")
+    shared = {c.name: c.problem for c in release_checks(R2605, {}, nodes, "/nvme/slurm-bt/weights")}
+    assert shared["feature prefer (>= 22.05)"].startswith("available, no effect: storage.node_cache")
+    per_node = {c.name: c.problem for c in release_checks(R2605, {}, nodes, "/nvme/%n/weights")}
+    assert per_node["feature prefer (>= 22.05)"].startswith("in use")
+
+
+def _plan(team: str, *manifests: object) -> object:
+    from slurm_bt.weights.plan import SourcePin, WeightsPlan
+
+    return WeightsPlan.model_construct(team=team, sources=tuple(SourcePin.model_construct(manifest=m)
+                                                                 for m in manifests))
+
+
+def _mark_complete(root: Path, manifest: object) -> None:
+    from slurm_bt.weights.cache_layout import CacheLayout
+    from slurm_bt.weights.manifest import Manifest
+
+    assert isinstance(manifest, Manifest)
+    layout = CacheLayout(root)
+    layout.manifests.mkdir(parents=True, exist_ok=True)
+    layout.manifest_file(manifest.manifest_id).write_bytes(manifest.canonical_json())
+
+
+def test_nodes_holding_reads_each_nodes_markers_public_or_team(tmp_path: Path) -> None:
+    from slurm_bt.weights.placement import nodes_holding
+    from tests.unit.test_cache_support import make_manifest
+
+    a, b = make_manifest({"w": b"1"}, "hf://org/a"), make_manifest({"w": b"2"}, "hf://org/b")
+    template = f"{tmp_path}/%n/weights"
+    _mark_complete(tmp_path / "n1/weights", a)
+    _mark_complete(tmp_path / "n1/weights", b)
+    _mark_complete(tmp_path / "n2/weights", a)                     # n2 lacks b
+    _mark_complete(tmp_path / "n3/weights/private/t1", a)          # credentialed entries: the team's subtree
+    _mark_complete(tmp_path / "n3/weights/private/t1", b)
+    (tmp_path / "n4/weights/manifests").mkdir(parents=True)         # a symlinked marker is never followed
+    (tmp_path / "n4/weights/manifests" / f"{a.manifest_id}.json").symlink_to(
+        tmp_path / "n1/weights/manifests" / f"{a.manifest_id}.json")
+    names = ["n1", "n2", "n3", "n4", "n5"]
+    assert nodes_holding(_plan("t1", a, b), template, names) == ["n1", "n3"]  # type: ignore[arg-type]
+    assert nodes_holding(_plan("t2", a, b), template, names) == ["n1"]        # type: ignore[arg-type]
+    assert nodes_holding(_plan("t1", a), template, names) == ["n1", "n2", "n3"]  # type: ignore[arg-type]
+    # An entry in no cluster tier (manifest unknown at submit), or a root without %n: nothing to prefer.
+    assert nodes_holding(_plan("t1", a, None), template, names) == []  # type: ignore[arg-type]
+    assert nodes_holding(_plan("t1", a), f"{tmp_path}/n1/weights", names) == []  # type: ignore[arg-type]
