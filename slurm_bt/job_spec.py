@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from slurm_bt.errors import ConfigError, Problem
-from slurm_bt.site.settings import SiteSettings
+from slurm_bt.site.settings import RestartSettings, SiteSettings
 from slurm_bt.slurm.node_shapes import GpuShare, NodeSizes, gpu_share
 
 if TYPE_CHECKING:  # the compat models are only needed for typing here
@@ -176,6 +176,8 @@ class JobSpec(_Frozen):
     # Where --cpus-per-task and --mem came from, one line each (comments in the batch script).
     resource_notes: tuple[str, ...] = ()
     interactive: InteractiveSpec | None = None
+    # Stop before the end and requeue by cause (docs/long-runs.md): the site's [restarts], per-job overrides.
+    restarts: RestartSettings = RestartSettings()
 
     @property
     def src_dir(self) -> str:
@@ -357,6 +359,31 @@ def _retention(env: dict[str, str], site: SiteSettings, problems: list[Problem])
     return out
 
 
+# Per-job overrides of the site's [restarts] (docs/long-runs.md), as environment variables in the config.
+_RESTART_ENV = {"BT_MAX_RESTARTS": "max_restarts", "BT_RETRY_ON_FAILURE": "retry_on_failure",
+                "BT_STOP_SIGNAL": "stop_signal", "BT_STOP_GRACE_S": "stop_grace_s"}
+
+
+def _restarts(env: dict[str, str], site: SiteSettings, problems: list[Problem]) -> RestartSettings:
+    """The job's restart policy: the site's ``[restarts]`` with the config's ``BT_*`` overrides."""
+    from pydantic import ValidationError
+
+    values: dict[str, object] = site.restarts.model_dump()
+    for name, key in _RESTART_ENV.items():
+        if name in env:
+            raw = env[name].strip()
+            values[key] = raw.upper().removeprefix("SIG") if key == "stop_signal" else raw
+    try:
+        return RestartSettings.model_validate(values)
+    except ValidationError as exc:
+        by_key = {v: k for k, v in _RESTART_ENV.items()}
+        for err in exc.errors():
+            key = str(err["loc"][0]) if err["loc"] else ""
+            problems.append(Problem(f"job.runtime.environment_variables.{by_key.get(key, key)}",
+                                    str(err["msg"]).removeprefix("Value error, ")))
+        return site.restarts
+
+
 def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitContext, *,
                    nodes: NodeSizes | None = None) -> JobSpec:
     """Translate a validated TrainingProject into a JobSpec using the site's decisions.
@@ -481,6 +508,7 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
                         "`-- --nice=...` to bt-sbatch instead")
     availability = getattr(compute.availability_model, "value", str(compute.availability_model))
     retention = _retention(dict(env), site, problems)
+    restarts = _restarts(dict(env), site, problems)
     if problems:
         raise ConfigError(ctx.source, problems)
 
@@ -505,7 +533,10 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
         cpus_per_task=cpus,
         mem_mib=mem_mib,
         # Spot capacity is preemptible: requeueing is what a spot user expects after preemption.
-        requeue=site.requeue or availability == "spot",
+        # Requeueable whenever a restart may follow (docs/long-runs.md): Slurm requeues preempted and
+        # node-failed jobs only with --requeue, and `scontrol requeue` refuses a --no-requeue job.
+        requeue=(site.requeue or availability == "spot" or restarts.max_restarts > 0
+                 or restarts.retry_on_failure > 0),
         availability_model=availability,
         priority=job.priority,
         start_commands=tuple(runtime.start_commands),
@@ -523,4 +554,5 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
         warnings=tuple(warnings),
         resource_notes=tuple(resource_notes),
         interactive=interactive,
+        restarts=restarts,
     )

@@ -20,6 +20,12 @@ says the job declared weights, and only from a folder the caller owns.
 Array jobs asked for by their master id (``123``) and het jobs (``123`` with ``123+0``, ``123+1``)
 are folded into one status: the least advanced member while any is still active, otherwise the
 worst outcome, with per-state counts in the detail.
+
+Restarts (docs/long-runs.md): the earlier runs ``sacct -D`` lists become :attr:`JobStatus.runs`, each
+with its cause: the batch script's restart log (:mod:`slurm_bt.jobs.restarts`, in the caller's own
+job dir, read only when the job has earlier runs) tells a time-limit requeue from a retried failure;
+without it the run's sacct state says (``PREEMPTED``, ``NODE_FAIL``). The detail lists the causes
+(``RUNNING; requeued 2 times (time limit, preempted)``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.errors import Problem, SlurmCommandError, UserError
+from slurm_bt.jobs.restarts import cause_of_run, read_log
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.job_ids import JobId, parse_job_id, try_parse_job_id
 from slurm_bt.slurm.sacct import JobRow, latest_runs
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JobStatus",
+    "RunInfo",
     "StatusReport",
     "check_job_ids",
     "job_statuses",
@@ -66,6 +74,30 @@ _SEVERITY = [
 
 
 @dataclass(frozen=True)
+class RunInfo:
+    """One earlier run of a requeued job (a ``sacct -D`` row before the current one).
+
+    Attributes:
+        run: 0 for the first run.
+        state: Slurm's state of that run (``REQUEUED``, ``PREEMPTED``, ``NODE_FAIL``...).
+        cause: why it ended: ``time limit``, ``preempted``, ``node failure``, ``failed`` (or
+            ``requeued`` when neither the restart log nor the state says more).
+        row: the sacct row.
+    """
+
+    run: int
+    state: str
+    cause: str
+    row: JobRow
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON shape for ``--json``."""
+        return {"run": self.run, "state": self.state, "cause": self.cause, "nodes": self.row.node_list or None,
+                "started_at": _iso(self.row.start), "ended_at": _iso(self.row.end),
+                "elapsed_s": self.row.elapsed_s}
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """One job's status: the truss lifecycle plus the Slurm facts behind it.
 
@@ -77,6 +109,7 @@ class JobStatus:
         record: the caller's submission record, when the job was submitted with slurm-bt.
         staging_row: the staging job's row, when the record names one and Slurm knows it.
         members: how many array tasks / het components were folded into this status.
+        runs: the earlier runs of a requeued job, oldest first, each with its cause.
     """
 
     job_id: str
@@ -85,6 +118,7 @@ class JobStatus:
     record: SubmissionRecord | None = None
     staging_row: JobRow | None = None
     members: int = 1
+    runs: tuple[RunInfo, ...] = ()
 
     @property
     def status(self) -> str:
@@ -119,6 +153,7 @@ class JobStatus:
             "ended_at": _iso(row.end) if row else None,
             "elapsed_s": row.elapsed_s if row else None,
             "restarts": row.restarts if row else 0,
+            "runs": [r.as_dict() for r in self.runs],
             "staging_job_id": rec.staging_job_id if rec else None,
             "staging_state": self.staging_row.state if self.staging_row else None,
             "members": self.members,
@@ -228,6 +263,10 @@ def query_statuses(
         report.error = exc
         rows = client.live(wanted)
     report.warnings.extend(client.last_warnings)
+    history: dict[JobId, list[JobRow]] = {}  # every run of each job, oldest first (sacct -D)
+    for r in rows:
+        if not r.is_step:
+            history.setdefault(r.job_id, []).append(r)
     rows = latest_runs(r for r in rows if not r.is_step)
     by_base: dict[int, list[JobRow]] = {}  # index: 1000 jobs x 1000 rows must not be 1M comparisons
     for r in rows:
@@ -253,8 +292,19 @@ def query_statuses(
             report.statuses.append(JobStatus(jid, lc, None, rec, staging))
             continue
         lc, row, n = _fold(job_id, members, staging)
-        report.statuses.append(JobStatus(jid, lc, row, rec, staging, n))
+        runs = _earlier_runs(history.get(row.job_id, [])[:-1], rec, str(row.job_id)) if n == 1 else ()
+        if runs:
+            lc = replace(lc, detail=f"{lc.detail} ({', '.join(r.cause for r in runs)})")
+        report.statuses.append(JobStatus(jid, lc, row, rec, staging, n, runs))
     return report
+
+
+def _earlier_runs(earlier: Sequence[JobRow], record: SubmissionRecord | None, job_id: str) -> tuple[RunInfo, ...]:
+    """The earlier runs with their causes (the restart log is read only when there are some)."""
+    if not earlier:
+        return ()
+    log = read_log(record.job_dir, job_id) if record is not None and record.job_dir else []
+    return tuple(RunInfo(i, r.state, cause_of_run(i, r.state, log), r) for i, r in enumerate(earlier))
 
 
 def job_statuses(client: SlurmClient, job_ids: Sequence[str]) -> list[JobStatus]:

@@ -71,6 +71,9 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
         "--open-mode=append",
         "--export=NONE",
         "--requeue" if spec.requeue else "--no-requeue",
+        # The batch shell's time-limit warning (docs/long-runs.md); also what a preemption sends with
+        # PreemptParameters=send_user_signal. Only a fallback for the watcher (steps/restart.py).
+        f"--signal=B:USR2@{spec.restarts.stop_grace_s}",
         f"--comment=slurm-bt:{spec.context.submit_id}",
     ]
     return [sbatch_directive_value(o) for o in opts]
@@ -158,6 +161,7 @@ def render_batch_script(spec: JobSpec) -> str:
             "--ntasks-per-node=1 --kill-on-bad-exit=1")
     entry = shq(f"{ctx.job_dir}/{ENTRY_NAME}")
     node_log = shq(f"{spec.log_dir}/slurm-%j.node%n.out")
+    lines += _restart_lines(spec, python)
     lines += [
         "",
         "# Step 1, every node: directories, secrets and the node's environment (as you, not root).",
@@ -185,11 +189,67 @@ def render_batch_script(spec: JobSpec) -> str:
         lines.append(" \\\n    ".join([step, *flags, f"/bin/bash {entry}"]))
     else:
         lines.append(f"{step} /bin/bash {entry}")
+    lines[-1] += " &"
+    lines += _supervise_lines(spec)
     if spec.interactive is not None and spec.interactive.trigger == "on_failure":
-        lines[-1] += " || bt_train_rc=$?"
-        lines.insert(len(lines) - 1, "bt_train_rc=0")
         lines += _failure_hold(spec.interactive.timeout_minutes)
+    lines += [
+        "",
+        "# The run is over: complete, fail, or requeue by cause (slurm_bt/steps/restart.py).",
+        "bt_rc=0",
+        'bt_restart after "$bt_train_rc" "$bt_stopped" || bt_rc=$?',
+        'exit "$bt_rc"',
+    ]
     return "\n".join(lines) + "\n"
+
+
+# -- long runs (docs/long-runs.md): stop before the end, requeue by cause.
+def _restart_lines(spec: JobSpec, python: str) -> list[str]:
+    """Before step 1: the restart cap, the stop-signal trap and the time-limit watcher.
+
+    The trap only sets a flag: bash runs it when ``wait`` returns, and the supervising loop
+    (:func:`_supervise_lines`) asks ``restart stop`` whether the warning is real.
+    """
+    return [
+        "",
+        f"# Long runs (docs/long-runs.md): SIG{spec.restarts.stop_signal} to the start commands "
+        f"{spec.restarts.stop_grace_s} s before the time limit",
+        f"# (or on preemption), then requeue: at most {spec.restarts.max_restarts} time(s) after a time "
+        f"limit, preemption or node failure, {spec.restarts.retry_on_failure} after a failure.",
+        f'bt_restart() {{ {python} -I -m slurm_bt.steps.restart "$1" {shq(spec.spec_path)} "${{@:2}}"; }}',
+        "bt_restart begin",
+        "bt_stop_asked=0",
+        "trap 'bt_stop_asked=1' USR2",
+        'bt_restart watch "$$" &',
+        "bt_watcher=$!",
+    ]
+
+
+def _supervise_lines(spec: JobSpec) -> list[str]:
+    """Wait for step 2; on the stop warning signal it; then ship the checkpoints it saved.
+
+    ``wait`` returns early for a trapped signal, so the loop waits again until the step has ended;
+    ``bt_train_rc`` is its exit status, ``bt_stopped`` says whether the stop signal was sent.
+    """
+    lines = [
+        "bt_train=$!",
+        "bt_train_rc=0",
+        "bt_stopped=0",
+        "while :; do",
+        '  wait "$bt_train" || true',
+        '  if [ "$bt_stop_asked" = 1 ]; then',
+        "    bt_stop_asked=0",
+        '    if [ "$bt_stopped" = 0 ] && bt_restart stop; then bt_stopped=1; fi',
+        "  fi",
+        '  kill -0 "$bt_train" 2>/dev/null || break',
+        "done",
+        'wait "$bt_train" || bt_train_rc=$?',
+        'kill "$bt_watcher" 2>/dev/null || true',
+    ]
+    if spec.checkpointing.enabled:
+        lines.append("bt_finish_checkpoints  # before any requeue: the next run resumes from what they saved")
+    return lines
+# -- end long runs
 
 
 # -- interactive sessions: what the batch script says and does for InteractiveSession (docs/cli.md).
@@ -214,7 +274,7 @@ def _failure_hold(minutes: int) -> list[str]:
     warning) is handled at once instead of after the whole hold.
     """
     return [
-        'if [ "$bt_train_rc" -ne 0 ]; then',
+        'if [ "$bt_train_rc" -ne 0 ] && [ "${bt_stopped:-0}" = 0 ]; then',
         *("  " + line for line in _session_notice(
             f"the start commands failed (exit $bt_train_rc); interactive session (on_failure): "
             f"the allocation is kept for {minutes} min")),
@@ -239,11 +299,15 @@ def _checkpoint_uploader_lines(spec: JobSpec, srun: str, python: str) -> list[st
         "# Checkpoint uploader, every node, in the background (as you): ships each completed checkpoint",
         "# in $BT_CHECKPOINT_DIR while the start commands run, and the rest once they have ended.",
         # No --kill-on-bad-exit: one node's uploader failing must not stop the others (or the job).
+        # A requeued run has the same job id: the previous run's finish file must not stop this one.
+        f"rm -f -- {finish}",
         f"{srun.replace(' --kill-on-bad-exit=1', '')} --overlap --job-name=bt-checkpoints "
         f"{python} -I -m slurm_bt.steps.checkpoint_agent "
         f"{shq(spec.spec_path)} &",
         "bt_uploader=$!",
         "bt_finish_checkpoints() {",
+        '  [ -z "${bt_finished:-}" ] || return 0',
+        "  bt_finished=1",
         f"  : > {finish}",
         '  wait "$bt_uploader" || echo "slurm-bt: some checkpoints were not uploaded; the epilog retries" >&2',
         "}",
@@ -305,13 +369,21 @@ def render_node_entry(spec: JobSpec) -> str:
         "bt_commands=(",
     ]
     lines += [f"  {shq(cmd)}" for cmd in spec.start_commands]
+    stop = spec.restarts.stop_signal
     lines += [
         ")",
+        # The stop signal reaches every process of the step, this shell too (docs/long-runs.md): it
+        # must outlive the command that is saving a checkpoint (its death would end the step and
+        # kill the command), and then not start the next one. TERM too: a preemption sends it.
+        "bt_stopping=0",
+        f"trap 'bt_stopping=1' {' '.join(dict.fromkeys(['TERM', stop]))}",
         'for bt_cmd in "${bt_commands[@]}"; do',
         '  eval "$bt_cmd" || exit $?',
+        '  [ "$bt_stopping" = 0 ] || exit 0',
         "done",
     ]
     return "\n".join(lines) + "\n"
+
 
 def session_env_path(spec: JobSpec, job_id: str, rank: int | str) -> str:
     """Where node ``rank`` keeps its environment for ``slurm-bt ssh`` (tmpfs, 0600; the epilog removes it)."""

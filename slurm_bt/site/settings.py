@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_SITE_PATH",
     "SITE_ENV_VAR",
     "AcceleratorMapping",
+    "RestartSettings",
     "SiteSettings",
     "StorageRoots",
     "WeightsSettings",
@@ -159,6 +160,32 @@ class CheckpointSettings(_Strict):
     max_bytes: int = Field(default=0, ge=0)
 
 
+# -- restarts (docs/long-runs.md; slurm_bt/steps/restart.py) -----------------------------------------
+
+
+class RestartSettings(_Strict):
+    """``[restarts]``: how a job stops before its end and when it is requeued (docs/long-runs.md).
+
+    A job can override each value with an environment variable in its config (``BT_MAX_RESTARTS``,
+    ``BT_RETRY_ON_FAILURE``, ``BT_STOP_SIGNAL``, ``BT_STOP_GRACE_S``): upstream configs have no field
+    for it, and an unknown environment variable is harmless on Baseten.
+
+    Attributes:
+        max_restarts: requeues after a time limit, a preemption or a node failure (0: never).
+        retry_on_failure: requeues after the start commands failed (0: an application error fails).
+        stop_signal: what the start commands receive on every node before the time limit (never
+            ``USR1``: NCCL and several launchers use it).
+        stop_grace_s: seconds before the time limit the stop signal is sent; the start commands have
+            this long to save a checkpoint and the uploader to ship it.
+    """
+
+    max_restarts: int = Field(default=3, ge=0, le=1000)
+    retry_on_failure: int = Field(default=0, ge=0, le=1000)
+    stop_signal: Literal["TERM", "INT", "HUP", "USR2", "QUIT"] = "TERM"
+    stop_grace_s: int = Field(default=120, ge=10, le=86400)
+# -- end restarts ---------------------------------------------------------------------------------------
+
+
 class SiteSettings(_Strict):
     """The validated site configuration (see the module docstring for the file format).
 
@@ -178,6 +205,7 @@ class SiteSettings(_Strict):
         master_port_base: torchrun's ``MASTER_PORT`` is this plus the job id modulo 10000.
         storage: storage roots.
         weights: weights delivery (``[weights]``, :class:`WeightsSettings`).
+        restarts: stop before the end and requeue (``[restarts]``, :class:`RestartSettings`).
     """
 
     default_partition: SlurmName = "gpu"
@@ -194,6 +222,7 @@ class SiteSettings(_Strict):
     master_port_base: int = Field(default=20000, ge=1024, le=55000)
     storage: StorageRoots = Field(default_factory=StorageRoots)
     weights: WeightsSettings = Field(default_factory=WeightsSettings)
+    restarts: RestartSettings = Field(default_factory=RestartSettings)
     checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
 
     @model_validator(mode="after")

@@ -279,6 +279,7 @@ def expected_directives(spec: JobSpec) -> list[str]:
         "--open-mode=append",
         "--export=NONE",
         "--requeue" if spec.requeue else "--no-requeue",
+        f"--signal=B:USR2@{spec.restarts.stop_grace_s}",
         f"--comment=slurm-bt:{spec.context.submit_id}",
     ]
     return ["#SBATCH " + d for d in out]

@@ -1,0 +1,102 @@
+"""Restarts by cause (docs/long-runs.md): the policy, the restart log, the per-job overrides, the script."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_bt.errors import ConfigError
+from slurm_bt.jobs.restarts import RestartEntry, append_entry, cause_of_run, decide, log_path, read_log
+from slurm_bt.render.batch_script import render_batch_script, render_node_entry, sbatch_directives
+from slurm_bt.site.settings import RestartSettings, SiteSettings
+from slurm_bt.compat.loader import load_training_project
+from slurm_bt.job_spec import JobSpec, build_job_spec
+from tests.unit.test_render_injection import Cfg, make_context, site_for
+
+POLICY = {"max_restarts": 2, "retry_on_failure": 0}
+
+
+def make_spec(root: Path, *, env: dict[str, str] | None = None, site: SiteSettings | None = None) -> JobSpec:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.py").write_text(Cfg(env=env or {}).source(), encoding="utf-8")
+    base = site_for(root)
+    if site is not None:
+        base = base.model_copy(update={"restarts": site.restarts})
+    return build_job_spec(load_training_project(str(root / "config.py")), base, make_context(root))
+
+
+@pytest.mark.parametrize(("kw", "action", "cause"), [
+    ({"rc": 0, "stopped": False, "preempted": False, "restarts": 0, "failures": 0}, "complete", None),
+    ({"rc": 0, "stopped": True, "preempted": False, "restarts": 0, "failures": 0}, "requeue", "time limit"),
+    ({"rc": 143, "stopped": True, "preempted": False, "restarts": 1, "failures": 0}, "requeue", "time limit"),
+    ({"rc": 0, "stopped": False, "preempted": True, "restarts": 1, "failures": 0}, "requeue", "preempted"),
+    # the cap: two restarts used, a third time limit fails the job
+    ({"rc": 0, "stopped": True, "preempted": False, "restarts": 2, "failures": 0}, "fail", "time limit"),
+    ({"rc": 3, "stopped": False, "preempted": False, "restarts": 0, "failures": 0}, "fail", "failed"),
+])
+def test_decide(kw: dict[str, object], action: str, cause: str | None) -> None:
+    d = decide(**kw, **POLICY)  # type: ignore[arg-type]
+    assert (d.action, d.cause) == (action, cause)
+    if action == "fail":
+        assert d.exit != 0
+
+
+def test_failure_retry_is_opt_in_with_its_own_cap() -> None:
+    d = decide(rc=3, stopped=False, preempted=False, restarts=0, failures=0, max_restarts=0, retry_on_failure=0)
+    assert d.action == "fail" and d.exit == 3 and "BT_RETRY_ON_FAILURE" in d.message
+    d = decide(rc=3, stopped=False, preempted=False, restarts=2, failures=0, max_restarts=2, retry_on_failure=1)
+    assert d.action == "requeue" and d.cause == "failed"
+    d = decide(rc=3, stopped=False, preempted=False, restarts=3, failures=1, max_restarts=2, retry_on_failure=1)
+    assert d.action == "fail" and d.exit == 3
+    # a retried failure does not use up the time-limit restarts
+    d = decide(rc=0, stopped=True, preempted=False, restarts=3, failures=1, max_restarts=3, retry_on_failure=1)
+    assert d.action == "requeue"
+
+
+def test_restart_log_round_trip_and_causes(tmp_path: Path) -> None:
+    append_entry(tmp_path, "42", RestartEntry(run=0, cause="time limit", exit=0, at=1.0))
+    append_entry(tmp_path, "42", RestartEntry(run=2, cause="failed", exit=3, at=2.0))
+    with open(log_path(tmp_path, "42"), "a") as f:
+        f.write("not json\n{\"run\": \"x\"}\n")
+    log = read_log(tmp_path, "42")
+    assert [(e.run, e.cause, e.exit) for e in log] == [(0, "time limit", 0), (2, "failed", 3)]
+    assert cause_of_run(0, "REQUEUED", log) == "time limit"
+    assert cause_of_run(1, "PREEMPTED", log) == "preempted"
+    assert cause_of_run(1, "NODE_FAIL", log) == "node failure"
+    assert read_log(tmp_path, "43") == []
+
+
+def test_restart_log_never_follows_a_symlink_or_reads_a_fifo(tmp_path: Path) -> None:
+    secret = tmp_path / "elsewhere"
+    secret.write_text('{"run": 0, "cause": "leaked"}\n')
+    os.symlink(secret, log_path(tmp_path, "7"))
+    assert read_log(tmp_path, "7") == []
+    with pytest.raises(OSError):
+        append_entry(tmp_path, "7", RestartEntry(run=0, cause="time limit"))
+    assert secret.read_text() == '{"run": 0, "cause": "leaked"}\n'
+    os.mkfifo(log_path(tmp_path, "8"))
+    assert read_log(tmp_path, "8") == []  # returns at once: a FIFO is never opened for reading
+
+
+def test_site_default_and_job_overrides(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path)
+    assert spec.restarts == RestartSettings() and spec.requeue
+    assert "--signal=B:USR2@120" in sbatch_directives(spec)
+    site = SiteSettings(restarts=RestartSettings(max_restarts=0, stop_grace_s=60))
+    spec = make_spec(tmp_path / "b", site=site)
+    assert not spec.requeue and "--no-requeue" in sbatch_directives(spec)
+    spec = make_spec(tmp_path / "c", env={"BT_MAX_RESTARTS": "7", "BT_STOP_SIGNAL": "SIGINT",
+                                          "BT_STOP_GRACE_S": "30", "BT_RETRY_ON_FAILURE": "1"})
+    assert spec.restarts == RestartSettings(max_restarts=7, retry_on_failure=1, stop_signal="INT", stop_grace_s=30)
+    assert "trap 'bt_stopping=1' TERM INT" in render_node_entry(spec)
+    assert "--signal=B:USR2@30" in render_batch_script(spec)
+
+
+@pytest.mark.parametrize(("name", "value"), [("BT_MAX_RESTARTS", "many"), ("BT_STOP_SIGNAL", "USR1"),
+                                             ("BT_STOP_GRACE_S", "1"), ("BT_RETRY_ON_FAILURE", "-1")])
+def test_bad_overrides_name_the_variable(tmp_path: Path, name: str, value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        make_spec(tmp_path, env={name: value})
+    assert any(p.loc == f"job.runtime.environment_variables.{name}" for p in err.value.problems)
