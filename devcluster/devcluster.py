@@ -490,6 +490,9 @@ def slurm_conf(rel: Release) -> str:
         "PrologFlags=Alloc,Contain,DeferBatch",
         # 25.05 split the one timeout into PrologTimeout and EpilogTimeout (PrologEpilogTimeout is deprecated).
         *(["PrologTimeout=120", "EpilogTimeout=120"] if rel.at_least(25, 5) else ["PrologEpilogTimeout=120"]),
+        # 25.11: jobs may ask for --requeue=expedite (restart at once, top priority), as admin install advises;
+        # slurm-bt's long runs use it where this is set (slurm_bt/slurm/release.py requeue_option).
+        *(["SlurmctldParameters=enable_expedited_requeue"] if rel.at_least(25, 11) else []),
         "",
     ]
     for name, (addr, port) in sorted(NODES.items()):

@@ -165,3 +165,46 @@ def test_a_job_prefers_the_node_whose_cache_holds_its_weights(dev_cluster: dict[
     assert re.search(rf"\bPrefer={cached_node}\b", shown), shown
     weights = status.get("weights")
     assert isinstance(weights, dict) and [e["tier"] for e in weights["nodes"][cached_node]] == ["node-hit"], weights
+
+
+# -- --requeue=expedite ------------------------------------------------------------------------------------
+
+
+def test_requeue_option_fits_the_release_and_the_cluster_takes_it(dev_cluster: dict[str, object]) -> None:
+    """What long-run restarts get from :func:`requeue_option` here, and that sbatch takes it: a job
+    submitted with it and requeued runs again (same id). With ``--requeue=expedite`` (26.05, the dev
+    cluster switches it on) the second run starts at once instead of waiting out the requeue delay."""
+    from slurm_bt.slurm.client import SlurmClient
+    from slurm_bt.slurm.release import requeue_option, slurm_release
+    from slurm_bt.slurm.runner import SubprocessRunner
+
+    client = SlurmClient(SubprocessRunner())
+    release = slurm_release(client)
+    assert release is not None and str(release) == str(parse_release(str(dev_cluster["slurm_release"])))
+    option = requeue_option(release, client.config())
+    assert option == ("--requeue=expedite" if release.at_least(25, 11) else "--requeue")
+    if option == "--requeue":
+        return  # plain --requeue is exercised by the long-run tests (docs/long-runs.md)
+    sub = _run(["sbatch", "--parsable", option, "--time=1", "-o", "/dev/null",
+                "--wrap", "sleep $(( SLURM_RESTART_COUNT ? 1 : 60 ))"])
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    try:
+        for _ in range(60):
+            if _run(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip() == "RUNNING":
+                break
+            time.sleep(0.5)
+        requeued_at = time.monotonic()
+        r = _run(["scontrol", "requeue", job_id])
+        assert r.returncode == 0, r.stderr
+        restarted = None
+        while time.monotonic() - requeued_at < 60:
+            shown = _run(["scontrol", "--oneliner", "show", "job", job_id]).stdout
+            if re.search(r"\bRestarts=1\b", shown) and re.search(r"JobState=(RUNNING|COMPLETED)\b", shown):
+                restarted = time.monotonic() - requeued_at
+                break
+            time.sleep(0.5)
+        assert restarted is not None, shown
+        print(f"\n{option}: run 2 of job {job_id} started {restarted:.1f} s after the requeue")
+    finally:
+        _run(["scancel", job_id])
