@@ -235,3 +235,22 @@ def test_read_node_sizes_asks_scontrol_once_and_never_raises() -> None:
     down = read_node_sizes(SlurmClient(_Runner(CommandResult(("scontrol",), 1, "", "Unable to contact slurm "
                                                                                    "controller"))))  # type: ignore[arg-type]
     assert down.shapes == () and down.error and "contact" in down.error
+
+
+def test_a_loaded_cookbook_config_gets_the_site_share(tmp_path: Path) -> None:
+    """Through the real loader (which marks every field as set). Failed before: the old rule asked
+    ``model_fields_set`` whether cpu_count was written, so the site's cpus_per_gpu never applied."""
+    from slurm_bt.compat.loader import load_training_project
+
+    (tmp_path / "config.py").write_text(
+        "from truss_train import definitions\n"
+        "from truss.base.truss_config import AcceleratorSpec\n"
+        "project = definitions.TrainingProject(name='cb', job=definitions.TrainingJob(\n"
+        "    image=definitions.Image(base_image='pytorch/pytorch:2.7.0'),\n"
+        "    compute=definitions.Compute(node_count=2, accelerator=AcceleratorSpec(accelerator='H100', count=8))))\n")
+    project = load_training_project(tmp_path / "config.py")
+    site = SiteSettings(accelerators=HOPPER.accelerators, cpus_per_gpu=10, mem_per_gpu="100Gi")
+    spec = _spec(project, site, None)
+    assert (spec.cpus_per_task, spec.mem_mib, spec.nodes) == (80, 8 * 102400, 2)
+    spec = _spec(project, HOPPER, NodeSizes(shapes=tuple(BIG)))
+    assert (spec.cpus_per_task, spec.mem_mib) == (88, 2050000 - 16384)
