@@ -38,18 +38,19 @@ def run_command(script: str, script_args: tuple[str, ...]) -> None:
     from slurm_bt.errors import BtError
 
     install_truss_modules()
+    path = os.path.abspath(script)  # python >= 3.9 gives __main__ an absolute __file__ too
     sys.argv = [script, *script_args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    sys.path.insert(0, os.path.dirname(path))
     with handle_errors("slurm-bt run"):
         try:
-            runpy.run_path(script, run_name="__main__")
+            runpy.run_path(path, run_name="__main__")
         except (BtError, SystemExit, KeyboardInterrupt):
             raise
         except BaseException:
             # The script's own failure: its traceback, as `python SCRIPT` prints it (without
             # slurm-bt's frames above the script), and python's exit status.
             exc_type, exc, tb = sys.exc_info()
-            while tb is not None and tb.tb_frame.f_code.co_filename != os.path.abspath(script):
+            while tb is not None and tb.tb_frame.f_code.co_filename != path:
                 tb = tb.tb_next
             traceback.print_exception(exc_type, exc, tb or sys.exc_info()[2], file=sys.stderr)
             raise SystemExit(1) from None

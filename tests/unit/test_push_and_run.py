@@ -127,3 +127,13 @@ def test_run_passes_exit_status_and_argv(tmp_path: Path, env: dict[str, str]) ->
     script.write_text("import sys\nprint(sys.argv[1:], __name__)\nsys.exit(3)\n")
     proc = _run(script, env, "--flag", "v")
     assert proc.returncode == 3 and proc.stdout == "['--flag', 'v'] __main__\n"
+
+
+def test_run_sets_file_and_path_as_python_does(tmp_path: Path, env: dict[str, str]) -> None:
+    (tmp_path / "helper_mod.py").write_text("VALUE = 'sibling import works'\n")
+    script = tmp_path / "paths.py"
+    script.write_text("import helper_mod, os\nprint(helper_mod.VALUE, os.path.isabs(__file__))\n")
+    proc = subprocess.run([str(BIN / "slurm-bt"), "run", "paths.py"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "sibling import works True\n"
