@@ -34,7 +34,8 @@ def render_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Status dicts (``JobStatus.as_dict``) as an aligned text table, header first.
 
     A job with a ``weights`` entry gets one indented line per declared source under its row (tier
-    per node, size, seconds), so the table shows where each start read its weights from.
+    per node, size, seconds), so the table shows where each start read its weights from; a requeued
+    job one line per earlier run with its cause (``run 1: time limit (REQUEUED on n[1-2], 0:00:44)``).
     """
     cells = [_COLUMNS]
     for d in rows:
@@ -57,6 +58,12 @@ def render_table(rows: Sequence[dict[str, Any]]) -> list[str]:
             from slurm_bt.weights.delivery_report import summary_lines
 
             out += [f"    {line}" for line in summary_lines(weights)]
+        runs = rows[i - 1].get("runs") if i else None
+        if isinstance(runs, list):  # earlier runs of a requeued job, each with its cause (docs/long-runs.md)
+            for run in runs:
+                if isinstance(run, dict):
+                    out.append(f"    run {int(run.get('run', 0)) + 1}: {run.get('cause')} ({run.get('state')} on "
+                               f"{run.get('nodes') or '-'}, {_elapsed(run.get('elapsed_s'))})")
     return [line.rstrip() for line in out]
 
 

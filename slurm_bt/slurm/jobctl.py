@@ -36,6 +36,7 @@ class JobFacts:
 
     Attributes:
         end: when Slurm will end the run (time limit, or the end of a preemption's grace time).
+        start: when this run started.
         preempted: the run is being preempted (``PreemptTime`` is set).
         restarts: Slurm's count of earlier runs (``Restarts``).
     """
@@ -43,8 +44,16 @@ class JobFacts:
     def __init__(self, fields: dict[str, str]) -> None:
         self.fields = fields
         self.end = _epoch(fields.get("EndTime", ""))
+        self.start = _epoch(fields.get("StartTime", ""))
         self.preempted = fields.get("PreemptTime", "None") not in {"None", "Unknown", "", "0"}
         self.restarts = int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else 0
+
+    def grace_s(self, wanted: int) -> float:
+        """``wanted`` seconds of warning, but at most a third of the run's length (at least 10 s):
+        a 1-minute run with the default 120 s would otherwise be stopped as soon as it starts."""
+        if self.end is None or self.start is None:
+            return float(wanted)
+        return float(min(wanted, max(10.0, (self.end - self.start) / 3)))
 
     def remaining_s(self, now: float) -> float | None:
         """Seconds until Slurm ends the run; ``None`` without a limit."""

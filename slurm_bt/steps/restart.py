@@ -81,7 +81,6 @@ def _begin(spec: JobSpec, client: SlurmClient, job_id: str) -> int:
 
 
 def _watch(spec: JobSpec, client: SlurmClient, job_id: str, batch_pid: int) -> int:
-    grace = spec.restarts.stop_grace_s
     while True:
         try:
             facts = job_facts(client, job_id)
@@ -89,6 +88,7 @@ def _watch(spec: JobSpec, client: SlurmClient, job_id: str, batch_pid: int) -> i
             _log(f"restart watcher: {exc}; retrying")
             time.sleep(30)
             continue
+        grace = facts.grace_s(spec.restarts.stop_grace_s)
         left = facts.remaining_s(time.time())
         if left is None:
             time.sleep(300)  # no time limit now; one may be set later (scontrol update TimeLimit)
@@ -110,15 +110,16 @@ def _stop(spec: JobSpec, client: SlurmClient, job_id: str) -> int:
     except BtError as exc:
         _log(f"stop requested; cannot ask slurmctld why ({exc}): stopping anyway")
         facts = None
+    grace = int(facts.grace_s(policy.stop_grace_s)) if facts is not None else policy.stop_grace_s
     if facts is not None and not facts.preempted:
         left = facts.remaining_s(time.time())
-        if left is not None and left > policy.stop_grace_s + _SLACK_S:
+        if left is not None and left > grace + _SLACK_S:
             _log(f"early time-limit warning from Slurm ({int(left)} s left): the start commands are "
-                 f"stopped {policy.stop_grace_s} s before the limit")
+                 f"stopped {grace} s before the limit")
             return _EARLY
     why = "preempted" if facts is not None and facts.preempted else "time limit"
     _log(f"{why}: sending SIG{policy.stop_signal} to the start commands on every node; they have "
-         f"{policy.stop_grace_s} s to save a checkpoint into $BT_CHECKPOINT_DIR and exit")
+         f"{grace} s to save a checkpoint into $BT_CHECKPOINT_DIR and exit")
     # The warning can come while step 2 is being launched (its srun runs in the background): give
     # slurmctld a few seconds to list it.
     for _ in range(10):

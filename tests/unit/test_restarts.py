@@ -100,3 +100,16 @@ def test_bad_overrides_name_the_variable(tmp_path: Path, name: str, value: str) 
     with pytest.raises(ConfigError) as err:
         make_spec(tmp_path, env={name: value})
     assert any(p.loc == f"job.runtime.environment_variables.{name}" for p in err.value.problems)
+
+
+def test_status_table_lists_earlier_runs_with_their_causes() -> None:
+    from slurm_bt.cli.status_cmd import render_table
+
+    rows = [{"id": "5", "current_status": "TRAINING_JOB_RUNNING", "elapsed_s": 3,
+             "detail": "RUNNING; requeued 2 times (time limit, preempted)",
+             "runs": [{"run": 0, "state": "REQUEUED", "cause": "time limit", "nodes": "n[1-2]", "elapsed_s": 44},
+                      {"run": 1, "state": "PREEMPTED", "cause": "preempted", "nodes": "n2", "elapsed_s": 61}]}]
+    lines = render_table(rows)
+    assert "requeued 2 times (time limit, preempted)" in lines[1]
+    assert lines[2:] == ["    run 1: time limit (REQUEUED on n[1-2], 0:00:44)",
+                         "    run 2: preempted (PREEMPTED on n2, 0:01:01)"]
