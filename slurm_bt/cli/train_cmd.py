@@ -494,7 +494,10 @@ def update_command(job_id: str, priority: int | None, remote: str | None, log_le
         if live[0].state != "PENDING":
             raise click.UsageError(f"Failed to update training job: only PENDING jobs can have their priority "
                                    f"changed; job {job_id} is {live[0].state}")
-        client.set_priority(job_id, priority)
+        kept = client.set_priority(job_id, priority)
+        if kept is not None:
+            # Slurm applied it (a user lowering their own job) but its priority plugin may recompute it.
+            options.warn(f"Slurm: {kept}")
     click.echo(f"Training job {job_id} updated.")
 
 

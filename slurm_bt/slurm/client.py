@@ -301,20 +301,27 @@ class SlurmClient:
             raise SlurmCommandError(argv, result.returncode, result.stderr,
                                     f"job {job_id} stays held; cancel it with scancel")
 
-    def set_priority(self, job_id: str | int | JobId, priority: int) -> None:
-        """``scontrol update JobId=ID Priority=N``: Slurm lets operators and admins do it, nobody else.
+    def set_priority(self, job_id: str | int | JobId, priority: int) -> str | None:
+        """``scontrol update JobId=ID Priority=N``: operators and admins may set any; users may only lower it.
+
+        Returns:
+            Slurm's note when it applied the value to a user's job but will not keep it (22.05: "Changes
+            to job priority are not persistent, change nice instead"; scontrol then exits 1 although
+            the job's priority did change), else None.
 
         Raises:
-            SlurmCommandError: scontrol refused (not privileged, job not pending, unknown job).
+            SlurmCommandError: scontrol refused (raising without privilege, job not pending, unknown job).
             ValueError: ``job_id`` or ``priority`` is malformed.
         """
         argv = scontrol.build_update_priority_argv(job_id, priority)
         result = self._run(argv)
-        if not result.ok:
-            raise SlurmCommandError(argv, result.returncode, result.stderr,
-                                    "Slurm sets priorities for operators and admins only, of pending jobs "
-                                    "not held; a user can lower their other jobs' instead "
-                                    "(scontrol update JobId=<id> Nice=<n>)")
+        if result.ok:
+            return None
+        if "not persistent" in result.stderr:
+            return result.stderr.strip().splitlines()[-1][:300]
+        raise SlurmCommandError(argv, result.returncode, result.stderr,
+                                "Slurm lets operators and admins set a job's priority; a user may only lower "
+                                "it (or raise their other jobs' nice: scontrol update JobId=<id> Nice=<n>)")
 
     def config(self) -> dict[str, str]:
         """The configuration slurmctld runs with (``scontrol show config``), one value per key.
