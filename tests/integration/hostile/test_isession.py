@@ -192,6 +192,11 @@ def test_session_over_ssh_host(sshd: Sshd, tmp_path: Path, tenants: dict[str, ob
     _running(job_id)
     env = _client_home(tmp_path, sshd, known=True)
     env["TERM"] = "xterm"
+    # Without a terminal (a script): no pty anywhere, output and exit status come back as they are.
+    piped = subprocess.run([str(BIN / "slurm-bt"), "ssh", job_id, "--host", ALIAS, "--command",
+                            'echo "piped rank=$BT_NODE_RANK"; exit 4'], env=env, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=180, check=False)
+    assert piped.returncode == 4 and "piped rank=0" in piped.stdout, piped
     out, code = _drive([str(BIN / "slurm-bt"), "ssh", job_id, "--host", ALIAS], [
         b'echo "REMOTE rank=$BT_NODE_RANK user=$(id -un) var=$MY_VAR"; touch session.flag',
         b"exit",
