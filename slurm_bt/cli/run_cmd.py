@@ -11,9 +11,10 @@ secret) print as every other slurm-bt command prints them.
 
 from __future__ import annotations
 
+import builtins
 import os
-import runpy
 import sys
+import types
 
 import click
 
@@ -39,11 +40,11 @@ def run_command(script: str, script_args: tuple[str, ...]) -> None:
 
     install_truss_modules()
     path = os.path.abspath(script)  # python >= 3.9 gives __main__ an absolute __file__ too
-    sys.argv = [script, *script_args]
+    sys.argv = [script, *script_args]  # ... and leaves argv[0] as typed (runpy.run_path would not)
     sys.path.insert(0, os.path.dirname(path))
     with handle_errors("slurm-bt run"):
         try:
-            runpy.run_path(path, run_name="__main__")
+            _run_as_main(path)
         except (BtError, SystemExit, KeyboardInterrupt):
             raise
         except BaseException:
@@ -54,3 +55,17 @@ def run_command(script: str, script_args: tuple[str, ...]) -> None:
                 tb = tb.tb_next
             traceback.print_exception(exc_type, exc, tb or sys.exc_info()[2], file=sys.stderr)
             raise SystemExit(1) from None
+
+
+def _run_as_main(path: str) -> None:
+    """Execute the file at ``path`` as the ``__main__`` module, as ``python path`` does.
+
+    A real ``__main__`` in ``sys.modules`` (not a namespace dict) keeps what scripts rely on working:
+    pickling classes the script defines (multiprocessing), ``sys.modules["__main__"]`` lookups.
+    """
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=path, __builtins__=builtins, __cached__=None)
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)  # noqa: S102 - running the user's own script is this command's purpose

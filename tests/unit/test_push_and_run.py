@@ -124,9 +124,12 @@ def test_run_shows_the_scripts_own_error_as_python_would(tmp_path: Path, env: di
 
 def test_run_passes_exit_status_and_argv(tmp_path: Path, env: dict[str, str]) -> None:
     script = tmp_path / "argv.py"
-    script.write_text("import sys\nprint(sys.argv[1:], __name__)\nsys.exit(3)\n")
-    proc = _run(script, env, "--flag", "v")
-    assert proc.returncode == 3 and proc.stdout == "['--flag', 'v'] __main__\n"
+    script.write_text("import sys\nprint(sys.argv, __name__, sys.modules['__main__'].__file__ == __file__)\n"
+                      "sys.exit(3)\n")
+    proc = subprocess.run([str(BIN / "slurm-bt"), "run", "argv.py", "--flag", "v", "--help"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    # as python: argv[0] as typed, the script's options untouched (even --help), a real __main__ module
+    assert proc.returncode == 3 and proc.stdout == "['argv.py', '--flag', 'v', '--help'] __main__ True\n"
 
 
 def test_run_sets_file_and_path_as_python_does(tmp_path: Path, env: dict[str, str]) -> None:
