@@ -51,6 +51,14 @@ _NOT_PROVIDED: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
+# The checkpoint-reference classes are private upstream; configs only know their factories.
+_PUBLIC_NAMES = {
+    "_BasetenLatestCheckpoint": "BasetenCheckpoint.from_latest_checkpoint()",
+    "_BasetenNamedCheckpoint": "BasetenCheckpoint.from_named_checkpoint()",
+    "_LoopsCheckpoint": "LoopsCheckpoint.from_checkpoint()",
+}
+
+
 def load_training_project(path: str | os.PathLike[str]) -> TrainingProject:
     """Execute the config at ``path`` and return its one, fully validated ``TrainingProject``.
 
@@ -150,7 +158,7 @@ def _validation_problems(exc: pydantic.ValidationError, origin: str) -> list[Pro
     model = _raising_model(exc)
     if model is None:  # a ValidationError of some other model (the config's own): plain lines
         return [Problem(exc.title, f"{where}{' '.join(str(e.get('msg', '')).split())}") for e in errors]
-    problems = problems_from_errors(errors, model, prefix=model.__name__)
+    problems = problems_from_errors(errors, model, prefix=_PUBLIC_NAMES.get(model.__name__, model.__name__))
     return [Problem(p.loc, f"{where}{p.message}") for p in problems]
 
 

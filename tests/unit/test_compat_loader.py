@@ -306,7 +306,8 @@ def test_first_failing_constructor_stops_the_config_as_upstream(tmp_path: Path) 
          "migrating to 'cache_config' with `enabled=True` and `enable_legacy_hf_mount=True`."),
         ("WeightsSource(source='hf://a/b', mount_location='/m', auth={'auth_method': 'CUSTOM_SECRET'})",
          "WeightsSource.auth", "auth_secret_name must be provided when auth_method is CUSTOM_SECRET"),
-        ("definitions.LoopsCheckpoint.from_checkpoint(run_id=5, checkpoint_name='c')", "_LoopsCheckpoint.run_id",
+        ("definitions.LoopsCheckpoint.from_checkpoint(run_id=5, checkpoint_name='c')",
+         "LoopsCheckpoint.from_checkpoint().run_id",
          "expected a string, got 5 (int)"),
     ],
 )
