@@ -248,7 +248,11 @@ def _upload_all(env: dict[str, str], job_id: str, node: str | None, budget_s: fl
         done = uploader.run_once(final=True, deadline=time.monotonic() + budget_s)
         # Everything of this node is in the store: its last pass is done (the rank-0-only rule of
         # slurm_bt/checkpoints/index.py needs it when the job's own uploader was killed first).
-        uploader.report(final=True)
+        try:
+            uploader.report(final=True)
+        except (BtError, OSError) as exc:  # everything is uploaded: no reason to hand anything off
+            print(f"slurm-bt checkpoints: job {job_id} on {node}: cannot record the final pass: {exc}",
+                  file=sys.stderr, flush=True)
     finally:
         uploader.store.close()
     return {"status": "done", "uploaded": done, "checkpoint_dir": str(ckpt_dir)}

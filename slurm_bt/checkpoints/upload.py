@@ -42,7 +42,7 @@ from slurm_bt.checkpoints.index import (
     parse_time,
     utc_now,
 )
-from slurm_bt.checkpoints.locations import checkpoint_key, file_key, index_key, rank_index_key
+from slurm_bt.checkpoints.locations import checkpoint_key, file_key, index_key, rank_index_key, valid_checkpoint_name
 from slurm_bt.checkpoints.retention import RetentionPolicy, select_expired
 from slurm_bt.checkpoints.scan import CheckpointFile, CompletionTracker, DirState, scan_dir
 from slurm_bt.checkpoints.store import CheckpointStore
@@ -324,7 +324,8 @@ class RankUploader:
         if index is None:
             return []
         part = self.part()
-        names = [n for n in select_expired(index, policy) if part.get(n) is not None]
+        # Only names this rank uploaded itself (its own part), and valid ones: the key stays below its rank.
+        names = [n for n in select_expired(index, policy) if part.get(n) is not None and valid_checkpoint_name(n)]
         if not names:
             return []
         expired = {**part.expired, **{n: c.source_mtime for n in names if (c := part.get(n)) is not None}}

@@ -114,11 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     budget = float(env.get("BT_CHECKPOINT_FINAL_FLUSH_S", "86400"))
     try:
         done = uploader.run_once(final=True, deadline=time.monotonic() + budget)
-        uploader.report(final=True)
-        uploader.apply_retention(policy)
     except (BtError, OSError, DeadlineExceeded) as exc:
+        uploader.store.close()
         _log(f"final flush incomplete ({type(exc).__name__}: {exc}); the epilog retries")
         return 1
+    try:
+        uploader.report(final=True)  # the epilog's flush records it too, if this fails
+        uploader.apply_retention(policy)
+    except (BtError, OSError) as exc:
+        _log(f"after the final flush: {exc}")
     finally:
         uploader.store.close()
     _log(f"final flush: done ({len(done)} more checkpoint(s))")
