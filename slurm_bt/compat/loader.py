@@ -156,9 +156,14 @@ def _validation_problems(exc: pydantic.ValidationError, origin: str) -> list[Pro
     where = f"line {lineno}: " if lineno is not None else ""
     errors = [dict(e) for e in exc.errors(include_url=False)]
     model = _raising_model(exc)
-    if model is None:  # a ValidationError of some other model (the config's own): plain lines
-        return [Problem(exc.title, f"{where}{' '.join(str(e.get('msg', '')).split())}") for e in errors]
-    problems = problems_from_errors(errors, model, prefix=_PUBLIC_NAMES.get(model.__name__, model.__name__))
+    problems: list[Problem] | None = None
+    if model is not None:
+        try:
+            problems = problems_from_errors(errors, model, prefix=_PUBLIC_NAMES.get(model.__name__, model.__name__))
+        except Exception:  # a config's own model with annotations the formatter does not know
+            problems = None
+    if problems is None:  # pydantic's own words, still one line per error, never a traceback
+        problems = [Problem(exc.title, " ".join(str(e.get("msg", "")).split())) for e in errors]
     return [Problem(p.loc, f"{where}{p.message}") for p in problems]
 
 
