@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from slurm_bt.cli.errors import handle_errors
-from slurm_bt.cli.train_jobs import artifact_stem, check_remote, pick_job, project_option, render
+from slurm_bt.cli.train_jobs import artifact_stem, check_remote, forward_remote, pick_job, project_option, render
 from slurm_bt.units import format_bytes
 
 if TYPE_CHECKING:
@@ -158,10 +158,12 @@ def checkpoints_group() -> None:
 @click.option("--order", type=click.Choice(("asc", "desc")), default="asc", show_default=True)
 @click.option("-o", "--output-format", "fmt", type=click.Choice(FORMATS), default="cli-table", show_default=True)
 @click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
-def list_command(remote: str | None, project_id: str | None, project: str | None, job_id: str | None,
-                 checkpoint_name: str | None, sort: str, order: str, fmt: str, debug: bool) -> None:
+@click.pass_context
+def list_command(ctx: click.Context, remote: str | None, project_id: str | None, project: str | None,
+                 job_id: str | None, checkpoint_name: str | None, sort: str, order: str, fmt: str,
+                 debug: bool) -> None:
     """List checkpoints for a training job."""
-    check_remote(remote, "checkpoints list")
+    forward_remote(ctx, remote, ["checkpoints", "list"], debug=debug)
     with handle_errors("slurm-bt", debug=debug):
         jid = pick_job(job_id, project_option(project, project_id))
         with _open_index(jid) as (_store, index):

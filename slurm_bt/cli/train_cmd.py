@@ -30,11 +30,13 @@ from slurm_bt.cli.train_jobs import (
     artifact_stem,
     check_remote,
     confirm,
+    forward_remote,
     job_statuses,
     note,
     pick_job,
     project_option,
     project_records,
+    remote_host,
     render,
 )
 
@@ -129,6 +131,28 @@ def _follow(ctx: click.Context, job_id: str, debug: bool) -> None:
                accept_new_host_key=False, debug=debug)
 
 
+def _push_remote(ctx: click.Context, host: str, config: Path, sbatch_args: list[str], tail: bool, debug: bool) -> None:
+    """``push --remote HOST``: the folder is uploaded and submitted there (``bt-sbatch --host``'s path)."""
+    import sys
+
+    from slurm_bt.remote.commands import submit_remote
+
+    with handle_errors(_PROG, debug=debug):
+        outcome = submit_remote(config, host, sbatch_args=sbatch_args)
+    if outcome.stderr:
+        sys.stderr.write(outcome.stderr)
+    data = outcome.json()
+    if outcome.returncode != 0 or not isinstance(data, dict) or not data.get("job_id"):
+        raise SystemExit(outcome.returncode or 1)
+    job_id = str(data["job_id"])
+    _created(job_id)
+    if tail:
+        from slurm_bt.cli.logs_cmd import logs_command
+
+        ctx.invoke(logs_command, job_id=job_id, follow=True, tail=None, node_rank=None, as_json=False, host=host,
+                   accept_new_host_key=False, debug=debug)
+
+
 def _submit(project: TrainingProject, config: Path, source: str, sbatch_args: list[str], dry_run: bool) -> Any:
     from slurm_bt.submit import submit_project
 
@@ -163,7 +187,18 @@ def push_command(ctx: click.Context, config: Path, sbatch_args: tuple[str, ...],
                  debug: bool) -> None:
     """Run a training job: CONFIG is a truss_train config.py; arguments after `--` go to sbatch."""
     debug = _debug(debug, log_level)
-    check_remote(remote, "push")
+    host = remote_host(remote)
+    if host is not None:
+        overrides = [flag for flag, value in (
+            ("--job-name", job_name), ("--interactive", interactive), ("--accelerator", accelerator),
+            ("--interactive-timeout-minutes", interactive_timeout_minutes), ("--node-count", node_count),
+            ("--entrypoint", entrypoint), ("--priority", priority), ("--spot", spot or None),
+            ("--dry-run", dry_run or None)) if value is not None]
+        if overrides:
+            raise click.UsageError(f"with --remote, push submits the config as written (its folder is uploaded); "
+                                   f"put {', '.join(overrides)} into the config")
+        _push_remote(ctx, host, config, [*sbatch_args, *([f"--account={team}"] if team else [])], tail, debug)
+        return
     with handle_errors(_PROG, debug=debug):
         from slurm_bt.compat.loader import load_training_project
 
@@ -224,7 +259,7 @@ def recreate_command(ctx: click.Context, job_id: str | None, tail: bool, yes: bo
                      log_level: str | None, non_interactive: bool, debug: bool) -> None:
     """Recreate an existing training job: submit its source snapshot again, as it was pushed."""
     debug = _debug(debug, log_level)
-    check_remote(remote, "recreate")
+    forward_remote(ctx, remote, ["recreate"], debug=debug)
     with handle_errors(_PROG, debug=debug):
         from slurm_bt.compat.loader import load_training_project
         from slurm_bt.jobs.lifecycle import check_job_ids
@@ -264,7 +299,7 @@ def logs_command(ctx: click.Context, project_id: str | None, project: str | None
     from slurm_bt.cli.logs_cmd import logs_command as slurm_bt_logs
 
     debug = _debug(debug, log_level)
-    check_remote(remote, "logs")
+    forward_remote(ctx, remote, ["logs"], debug=debug)
     with handle_errors(_PROG, debug=debug):
         jid = pick_job(job_id, project_option(project, project_id))
     ctx.invoke(slurm_bt_logs, job_id=jid, follow=tail, tail=None, node_rank=None, as_json=False, host=None,
@@ -286,7 +321,7 @@ def metrics_command(ctx: click.Context, project_id: str | None, project: str | N
     from slurm_bt.cli.metrics_cmd import metrics_command as slurm_bt_metrics
 
     debug = _debug(debug, log_level)
-    check_remote(remote, "metrics")
+    forward_remote(ctx, remote, ["metrics"], debug=debug)
     with handle_errors(_PROG, debug=debug):
         jid = pick_job(job_id, project_option(project, project_id))
     ctx.invoke(slurm_bt_metrics, job_id=jid, as_json=False, watch=True, interval_s=interval_s, count=None,
@@ -384,12 +419,13 @@ def _view_job(job_id: str) -> None:
 @click.option("--project", default=None, help="Project name or project id.")
 @click.option("--job-id", default=None, help="View a specific training job.")
 @_common
-def view_command(project_id: str | None, project: str | None, job_id: str | None, remote: str | None,
-                 log_level: str | None, non_interactive: bool, debug: bool) -> None:
+@click.pass_context
+def view_command(ctx: click.Context, project_id: str | None, project: str | None, job_id: str | None,
+                 remote: str | None, log_level: str | None, non_interactive: bool, debug: bool) -> None:
     """List training projects (no argument), a project's jobs, or one job's details."""
     from slurm_bt.cli.status_cmd import render_table
 
-    check_remote(remote, "view")
+    forward_remote(ctx, remote, ["view"], debug=_debug(debug, log_level))
     with handle_errors(_PROG, debug=_debug(debug, log_level)):
         name = project_option(project, project_id)
         if job_id is not None:
@@ -427,7 +463,7 @@ def stop_command(ctx: click.Context, project_id: str | None, project: str | None
     from slurm_bt.cli.stop_cmd import stop_command as slurm_bt_stop
 
     debug = _debug(debug, log_level)
-    check_remote(remote, "stop")
+    forward_remote(ctx, remote, ["stop"], debug=debug)
     with handle_errors(_PROG, debug=debug):
         name = project_option(project, project_id)
         to_stop: list[str] = []
@@ -471,7 +507,8 @@ def stop_command(ctx: click.Context, project_id: str | None, project: str | None
 @click.option("--priority", type=int, default=None,
               help="New queue priority (Slurm's: higher runs first). Only PENDING jobs.")
 @_common
-def update_command(job_id: str, priority: int | None, remote: str | None, log_level: str | None,
+@click.pass_context
+def update_command(ctx: click.Context, job_id: str, priority: int | None, remote: str | None, log_level: str | None,
                    non_interactive: bool, debug: bool) -> None:
     """Update a training job: set a pending job's priority (scontrol update, as you)."""
     from slurm_bt.cli import options
@@ -479,7 +516,7 @@ def update_command(job_id: str, priority: int | None, remote: str | None, log_le
 
     if priority is None:
         raise click.UsageError("At least one field to update must be provided.")
-    check_remote(remote, "update")
+    forward_remote(ctx, remote, ["update"], debug=_debug(debug, log_level))
     with handle_errors(_PROG, debug=_debug(debug, log_level)):
         check_job_ids([job_id])
         if priority < 1:

@@ -25,11 +25,13 @@ __all__ = [
     "artifact_stem",
     "check_remote",
     "confirm",
+    "forward_remote",
     "job_statuses",
     "note",
     "pick_job",
     "project_option",
     "project_records",
+    "remote_host",
     "render",
 ]
 
@@ -46,11 +48,72 @@ MAX_RECORDS_ASKED = 1000
 _LOCAL_REMOTES = (None, "baseten", "local")
 
 
+def remote_host(remote: str | None) -> str | None:
+    """The SSH login node ``--remote`` names, or None for this cluster.
+
+    Upstream's ``--remote`` names a ~/.trussrc remote; as in ``slurm_bt.push(remote=...)``, the
+    names ``baseten``/``local`` (and none) mean this cluster and any other names an SSH login node
+    (ssh config alias, ``user@host[:port]``, ``ssh://...``; docs/cli.md, Remote use over SSH).
+    """
+    return None if remote in _LOCAL_REMOTES else remote
+
+
 def check_remote(remote: str | None, verb: str) -> None:
-    if remote not in _LOCAL_REMOTES:
-        hint = "bt-sbatch --host HOST CONFIG" if verb == "push" else "slurm-bt <verb> --host HOST (docs/cli.md)"
-        raise click.UsageError(f"--remote {remote!r}: truss remotes are Baseten accounts; slurm-bt train runs on "
-                               f"this cluster. From another machine use `{hint}`.")
+    """Refuse ``--remote HOST`` for a verb that writes files here from the cluster's storage."""
+    if remote_host(remote) is not None:
+        raise click.UsageError(f"--remote {remote!r}: `slurm-bt train {verb}` writes files on this machine from "
+                               "the cluster's storage, so it runs on the cluster only: run it on the login node")
+
+
+def params_argv(ctx: click.Context) -> list[str]:
+    """The command line of ``ctx``'s verb rebuilt from its parsed values (``--remote`` left out).
+
+    ``--non-interactive`` is always added: a remote run has no terminal to ask on, so a confirmation
+    there needs ``--yes`` here.
+    """
+    argv: list[str] = []
+    positional: list[str] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if param.name in ("remote", "non_interactive") or value is None:
+            continue
+        if isinstance(param, click.Argument):
+            positional += [str(v) for v in value] if isinstance(value, (tuple, list)) else [str(value)]
+            continue
+        if not isinstance(param, click.Option) or value == param.default:
+            continue
+        name = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        if param.is_flag:
+            if value:
+                argv.append(name)
+        else:
+            argv += [name, str(value)]
+    if any(p.name == "non_interactive" for p in ctx.command.params):
+        argv.append("--non-interactive")
+    return argv + (["--", *positional] if positional else [])
+
+
+def forward_remote(ctx: click.Context, remote: str | None, verb: Sequence[str], *, debug: bool = False) -> None:
+    """With ``--remote HOST``: run this same ``train`` verb on the login node, stream it, exit with its status."""
+    host = remote_host(remote)
+    if host is None:
+        return
+    import sys
+
+    from slurm_bt.cli.errors import handle_errors
+    from slurm_bt.remote.commands import run_remote
+
+    def out(raw: str) -> None:
+        sys.stdout.write(raw)
+        sys.stdout.flush()
+
+    def err(raw: str) -> None:
+        sys.stderr.write(raw)
+        sys.stderr.flush()
+
+    with handle_errors("slurm-bt", debug=debug):
+        outcome = run_remote(host, ["train", *verb, *params_argv(ctx)], on_stdout=out, on_stderr=err)
+    raise SystemExit(outcome.returncode)
 
 
 def project_option(project: str | None, project_id: str | None) -> str | None:

@@ -12,6 +12,7 @@ submission records ``view``, ``stop --all`` and the latest-job default read) are
 4. update --priority on a pending job sets Slurm's priority; a running job is refused.
 5. checkpoints list (-o csv/json, --sort/--order, --checkpoint-name) and get_checkpoint_urls with an
    S3 store: each presigned URL downloads the file's exact bytes; metrics of the finished job.
+6. --remote HOST (an SSH login node, tests/integration/test_ssh.py's sshd): push, view, logs run there.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.secrets_store import SecretStore
+from tests.integration.test_ssh import ALIAS, Sshd, _client_home, sshd  # noqa: F401  (session fixture)
+from tests.integration.test_ssh import USER as SSH_USER
 from tests.servers.fixtures import seaweed  # noqa: F401  (session fixture)
 from tests.servers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedS3
 
@@ -253,3 +256,25 @@ def test_checkpoints_list_and_presigned_urls(dev_cluster: dict[str, object], sea
 
     metrics = _train(env, "metrics", "--job-id", job, timeout=60)  # finished: one sample, then it returns
     assert metrics.returncode == 0 and f"Job {job}  COMPLETED" in metrics.stdout, metrics.stdout
+
+
+def test_remote_names_an_ssh_login_node(sshd: Sshd, tmp_path: Path, dev_cluster: dict[str, object]) -> None:  # noqa: F811
+    """``--remote HOST`` as in ``slurm_bt.push(remote=...)``: push uploads and submits there, the job verbs run
+    there (streamed, exit codes passed on); overrides and file-writing verbs say why they cannot."""
+    env = _client_home(tmp_path, sshd, known=True)
+    project = f"e-remote-{uuid.uuid4().hex[:6]}"
+    cfg = _config(tmp_path / "laptop", project, "echo ran-as-$(id -un)")
+    push = _train(env, "push", str(cfg), "--remote", ALIAS, "--tail")
+    assert push.returncode == 0, push.stderr
+    job = _job_id(push.stdout)
+    assert f"[node 0] ran-as-{SSH_USER}" in push.stdout, push.stdout
+    view = _train(env, "view", "--project", project, "--remote", ALIAS)
+    assert view.returncode == 0 and "TRAINING_JOB_COMPLETED" in view.stdout and job in view.stdout, view.stderr
+    logs = _train(env, "logs", "--project", project, "--remote", ALIAS)
+    assert logs.returncode == 0 and f"ran-as-{SSH_USER}" in logs.stdout
+    bad = _train(env, "logs", "--job-id", "nope", "--remote", ALIAS)
+    assert bad.returncode == 2  # the login node's usage error, passed on
+    over = _train(env, "push", str(cfg), "--remote", ALIAS, "--node-count", "2")
+    assert over.returncode == 2 and "--node-count" in over.stderr
+    urls = _train(env, "get_checkpoint_urls", "--job-id", job, "--remote", ALIAS)
+    assert urls.returncode == 2 and "login node" in urls.stderr

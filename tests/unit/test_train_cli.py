@@ -214,9 +214,29 @@ def test_stop_without_a_job_asks_and_non_interactive_refuses(isolated_home: Path
     assert stopped == [("41",)]
 
 
-def test_remote_names_are_refused_with_the_way_to_do_it(isolated_home: Path) -> None:
-    result = CliRunner().invoke(cli, ["train", "logs", "--remote", "prod-baseten"])
-    assert result.exit_code == 2 and "--host" in result.output
+def test_remote_runs_the_same_verb_line_on_the_login_node(isolated_home: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_bt.remote.commands import RemoteOutcome
+
+    calls: list[tuple[str, list[str]]] = []
+
+    def fake_run(host: str, argv: list[str], **kw: Any) -> RemoteOutcome:
+        calls.append((host, argv))
+        return RemoteOutcome(3, "", "")
+
+    monkeypatch.setattr("slurm_bt.remote.commands.run_remote", fake_run)
+    runner = CliRunner()
+    result = runner.invoke(cli, ["train", "stop", "--project", "p q", "--all", "--yes", "--remote", "login1"])
+    assert result.exit_code == 3  # the login node's status, passed on
+    assert calls == [("login1", ["train", "stop", "--project", "p q", "--all", "--yes", "--non-interactive"])]
+    result = runner.invoke(cli, ["train", "checkpoints", "list", "-o", "csv", "--remote", "login1"])
+    assert calls[-1] == ("login1", ["train", "checkpoints", "list", "--output-format", "csv"])
+    # "baseten"/"local" (upstream's usual remote names) mean this cluster: nothing is forwarded.
+    runner.invoke(cli, ["train", "view", "--remote", "baseten"])
+    assert len(calls) == 2
+    # Verbs that write files here from the cluster's storage run on the cluster only.
+    result = runner.invoke(cli, ["train", "download", "--job-id", "5", "--remote", "login1"])
+    assert result.exit_code == 2 and "login node" in result.output
 
 
 def test_csv_and_json_formats(isolated_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
