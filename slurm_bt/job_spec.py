@@ -137,6 +137,9 @@ class InteractiveSpec(_Frozen):
 
     trigger: Literal["on_startup", "on_failure", "on_demand"] = "on_demand"
     timeout_minutes: int = 480
+    #: pyxis with ``container_scope=job`` (site ``pyxis_container_scope_job``): step 2 is a named
+    #: container the session enters; otherwise a session starts a new container of the same image.
+    enter_container: bool = False
 
 
 class JobSpec(_Frozen):
@@ -497,7 +500,9 @@ def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitCont
             problems.append(Problem("job.interactive_session.timeout_minutes",
                                     f"must be at least 1 minute (got {session.timeout_minutes})"))
         else:
-            interactive = InteractiveSpec(trigger=trigger, timeout_minutes=session.timeout_minutes)
+            interactive = InteractiveSpec(trigger=trigger, timeout_minutes=session.timeout_minutes,
+                                          enter_container=site.container_runtime == "pyxis"
+                                          and site.pyxis_container_scope_job)
         provider = getattr(session.session_provider, "value", str(session.session_provider))
         if provider != "ssh":  # upstream's default is vs_code: say once what the user gets instead
             warnings.append(f"interactive_session.session_provider={provider} (and auth_provider) are ignored: "

@@ -87,7 +87,7 @@ def attach_local(job_id: str, node: str | None, command: str | None) -> int:
     if command is None:
         click.echo(f"slurm-bt: opening a shell in job {job_id} on {name} (rank {rank}); `exit` to leave",
                    err=True)
-    return run_attached(argv, env=attach_env())
+    return run_attached(argv, env={**attach_env(), **dict(session.srun_env)})
 
 
 def _attach(job_id: str, node: str | None, command: str | None, host: str | None, accept_new: bool,

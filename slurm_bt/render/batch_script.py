@@ -182,7 +182,7 @@ def render_batch_script(spec: JobSpec) -> str:
         if spec.docker_auth:
             lines.append(f"export ENROOT_CONFIG_PATH={_word(runtime_dir(spec, _JOB) + '/enroot')}")
         flags = [f"--container-image={shq(container_image_ref(spec.image))}"]
-        if spec.interactive is not None:  # named, so `slurm-bt ssh` can enter it (pyxis NAME:exec)
+        if spec.interactive is not None and spec.interactive.enter_container:  # `slurm-bt ssh` enters it
             flags.append(_word(f"--container-name={SESSION_CONTAINER_PREFIX}{_JOB}"))
         flags += _mounts_arg(layout.binds, "pyxis")
         flags.append(f"--container-workdir={shq(layout.workdir)}")

@@ -9,8 +9,10 @@ runs one command). Where it runs:
 
 * ``none``: on the host, like the start commands (without the bubblewrap weights view: weights are
   read from their host cache paths);
-* ``pyxis``: inside the job's running container (step 2 is named ``bt-session-<job id>``; pyxis's
-  ``--container-name=NAME:exec`` enters its namespaces);
+* ``pyxis``: inside the job's running container when the site runs pyxis with ``container_scope=job``
+  (site ``pyxis_container_scope_job``: step 2 is named ``bt-session-<job id>`` and pyxis's
+  ``--container-name=NAME:exec`` enters its namespaces); otherwise in a new container of the job's
+  image with the job's mounts (a named container would outlive the job under pyxis's default scope);
 * ``apptainer``: in a new ``apptainer exec`` of the job's image with the job's bind mounts (apptainer
   has no "enter the running instance" for a plain ``exec``).
 """
@@ -20,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurm_bt.job_spec import JobSpec
-from slurm_bt.node.job_paths import job_layout
-from slurm_bt.render.batch_script import SESSION_CONTAINER_PREFIX, session_env_path
+from slurm_bt.node.job_paths import job_layout, runtime_dir
+from slurm_bt.render.batch_script import SESSION_CONTAINER_PREFIX, container_image_ref, session_env_path
 
 __all__ = ["SESSION_ENV_WAIT_S", "SESSION_SCRIPT", "SessionCommand", "session_command"]
 
@@ -54,11 +56,13 @@ SESSION_ENV_WAIT_S = 120
 
 @dataclass(frozen=True)
 class SessionCommand:
-    """The node side of a session: srun container options, the command, the step's time limit."""
+    """The node side of a session: srun container options, the command, the step's time limit, and
+    variables srun itself needs (pyxis reads a private registry's credentials from ``ENROOT_CONFIG_PATH``)."""
 
     container_args: tuple[str, ...]
     command: tuple[str, ...]
     time_limit_min: int | None
+    srun_env: tuple[tuple[str, str], ...] = ()
 
 
 def session_command(spec: JobSpec, job_id: str, node: str, rank: int, command: str | None = None) -> SessionCommand:
@@ -78,9 +82,17 @@ def session_command(spec: JobSpec, job_id: str, node: str, rank: int, command: s
     if spec.interactive is not None and spec.interactive.trigger != "on_failure":
         limit = spec.interactive.timeout_minutes
     if spec.container_runtime == "pyxis":
-        args = (f"--container-name={SESSION_CONTAINER_PREFIX}{job_id}:exec",
-                f"--container-workdir={layout.workdir}")
-        return SessionCommand(args, tuple(script), limit)
+        workdir = f"--container-workdir={layout.workdir}"
+        if spec.interactive is not None and spec.interactive.enter_container:
+            return SessionCommand((f"--container-name={SESSION_CONTAINER_PREFIX}{job_id}:exec", workdir),
+                                  tuple(script), limit)
+        mounts = ",".join(f"{b.source}:{b.target}" + (":ro" if b.read_only else "") for b in layout.binds)
+        args = [f"--container-image={container_image_ref(spec.image)}"]
+        if mounts:
+            args.append(f"--container-mounts={mounts}")
+        # step 1 wrote the registry credentials there for step 2; they stay until the epilog
+        env = (("ENROOT_CONFIG_PATH", f"{runtime_dir(spec, job_id)}/enroot"),) if spec.docker_auth else ()
+        return SessionCommand((*args, workdir), tuple(script), limit, env)
     if spec.container_runtime == "apptainer":
         binds: list[str] = []
         for b in layout.binds:

@@ -206,6 +206,10 @@ class SiteSettings(_Strict):
         storage: storage roots.
         weights: weights delivery (``[weights]``, :class:`WeightsSettings`).
         restarts: stop before the end and requeue (``[restarts]``, :class:`RestartSettings`).
+        pyxis_container_scope_job: pyxis runs with ``container_scope=job`` (its epilog removes a job's
+            named containers): only then is a session job's step 2 a named container that ``slurm-bt ssh``
+            enters; with pyxis's default ``global`` scope a named container would outlive the job, so
+            sessions start a new container of the job's image instead (docs/cli.md §Interactive sessions).
     """
 
     default_partition: SlurmName = "gpu"
@@ -224,6 +228,7 @@ class SiteSettings(_Strict):
     weights: WeightsSettings = Field(default_factory=WeightsSettings)
     restarts: RestartSettings = Field(default_factory=RestartSettings)
     checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    pyxis_container_scope_job: bool = False
 
     @model_validator(mode="after")
     def _containers_need_uniform_paths(self) -> SiteSettings:

@@ -21,6 +21,7 @@ from slurm_bt.slurm.srun import attach_env, build_attach_argv
 from tests.spec_helpers import spec_for
 
 PYXIS = SiteSettings(container_runtime="pyxis", storage={"scratch": "/local/scratch", "node_cache": "/local/weights"})
+PYXIS_JOB_SCOPE = PYXIS.model_copy(update={"pyxis_container_scope_job": True})
 APPTAINER = SiteSettings(container_runtime="apptainer",
                          storage={"scratch": "/local/scratch", "node_cache": "/local/weights"})
 
@@ -83,9 +84,11 @@ def test_on_failure_holds_then_exits_with_the_start_commands_status(tmp_path: Pa
     assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
 
 
-def test_pyxis_step_two_is_named_only_with_a_session(tmp_path: Path) -> None:
-    with_session = render_batch_script(spec_for(_config(tmp_path, "d.InteractiveSession()"), PYXIS))
+def test_pyxis_step_two_is_named_only_with_a_session_and_job_scope(tmp_path: Path) -> None:
+    with_session = render_batch_script(spec_for(_config(tmp_path, "d.InteractiveSession()"), PYXIS_JOB_SCOPE))
     assert '--container-name=bt-session-"${SLURM_JOB_ID}"' in with_session
+    global_scope = render_batch_script(spec_for(_config(tmp_path, "d.InteractiveSession()"), PYXIS))
+    assert "--container-name" not in global_scope
     plain = render_batch_script(spec_for(_config(tmp_path, None), PYXIS))
     assert "--container-name" not in plain and "interactive session" not in plain
 
@@ -139,8 +142,14 @@ def test_session_command_per_runtime(tmp_path: Path) -> None:
     assert host.command[-3:] == ("/dev/shm/slurm-bt-1001/42/node-1.session", spec_for(config).src_dir, "120")
     assert host.time_limit_min == 30
     pyxis = session_command(spec_for(config, PYXIS), "42", "n2", 1, "hostname")
-    assert pyxis.container_args == ("--container-name=bt-session-42:exec", "--container-workdir=/b10/workspace")
+    # pyxis's default container_scope=global would keep a named container after the job: a new one
+    assert pyxis.container_args[0] == "--container-image=nvcr.io#nvidia/pytorch:24.01"
+    mounts = pyxis.container_args[1]
+    assert mounts.startswith("--container-mounts=") and "/dev/shm/slurm-bt-1001" in mounts
+    assert pyxis.container_args[2] == "--container-workdir=/b10/workspace" and pyxis.srun_env == ()
     assert pyxis.command[-1] == "hostname"
+    scoped = session_command(spec_for(config, PYXIS_JOB_SCOPE), "42", "n2", 1)
+    assert scoped.container_args == ("--container-name=bt-session-42:exec", "--container-workdir=/b10/workspace")
     app = session_command(spec_for(config, APPTAINER), "42", "n2", 1)
     assert app.command[:3] == ("apptainer", "exec", "--nv") and "docker://nvcr.io/nvidia/pytorch:24.01" in app.command
     held = session_command(spec_for(_config(tmp_path, "d.InteractiveSession(trigger="
