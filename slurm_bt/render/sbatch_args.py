@@ -6,6 +6,12 @@ Why a module of its own: both the local submission (:mod:`slurm_bt.submit`) and 
 sbatch parses its options with ``getopt_long``, which takes any unambiguous prefix of a long option
 (``--wra=...`` is ``--wrap``, ``--get-u`` is ``--get-user-env``): a refused option is refused in every
 spelling sbatch would accept, and :func:`sbatch_partition` reads ``--part=X`` as ``--partition``.
+
+A word that is not an option nor an option's value would be taken by sbatch as the batch script
+(``bt-sbatch config.py -- other.sh`` runs ``other.sh`` instead of the generated script), so it is
+refused too. Which options take a separate value comes from sbatch's own option table
+(:data:`_VALUE_OPTIONS`); an option slurm-bt does not know is assumed to take none, so at worst its
+value is refused with the hint to write ``--option=value``.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ def check_sbatch_args(args: Sequence[str]) -> None:
     """Refuse pass-through options that would change the job's environment or script.
 
     Raises:
-        UserError: one of ``args`` is in :data:`FORBIDDEN_SBATCH_ARGS`.
+        UserError: one of ``args`` is in :data:`FORBIDDEN_SBATCH_ARGS` (in any spelling sbatch takes),
+            or a word would be read by sbatch as the batch script.
     """
     for arg in args:
         name = arg.split("=", 1)[0]
@@ -39,6 +46,58 @@ def check_sbatch_args(args: Sequence[str]) -> None:
         refused = next((full for full in FORBIDDEN_SBATCH_ARGS if full.startswith(name)), None)
         if refused is not None:
             raise UserError("bt-sbatch", [Problem(name, f"not allowed: {FORBIDDEN_SBATCH_ARGS[refused]}")])
+    stray = _positional_words(args)
+    if stray:
+        raise UserError("bt-sbatch", [Problem(
+            stray[0], "not an sbatch option: sbatch would run it as the batch script instead of the one "
+            "generated from the config (for an option's value, write --option=value)")])
+
+
+# sbatch's options that take a *required* value, so ``--name VALUE``/``-X VALUE`` consume the next word
+# (``sbatch --help`` of 22.05 plus its undocumented ones; optional values need ``=``, as getopt_long says).
+_VALUE_OPTIONS = frozenset({
+    "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "burst-buffer", "chdir", "cluster-constraint",
+    "clusters", "comment", "constraint", "container", "container-id", "core-spec", "cores-per-socket", "cpu-freq",
+    "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution", "error", "exclude",
+    "export-file", "extra", "extra-node-info", "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node",
+    "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "hint", "input", "job-name", "kill-on-invalid-dep",
+    "licenses", "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu", "mincpus",
+    "network", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core", "ntasks-per-gpu", "ntasks-per-node",
+    "ntasks-per-socket", "open-mode", "output", "partition", "power", "prefer", "priority", "profile", "qos",
+    "reservation", "signal", "sockets-per-node", "switches", "thread-spec", "threads-per-core", "time", "time-min",
+    "tmp", "tres-per-task", "uid", "wckey",
+})
+# Exact names that take no separate value although a value option starts with them (getopt_long
+# prefers the exact match): ``--export`` (optional value) vs ``--export-file``...
+_NO_VALUE_OPTIONS = frozenset({"export", "exclusive", "get-user-env", "hold", "nice", "propagate", "wrap",
+                               "requeue", "no-requeue", "wait", "parsable", "quiet", "verbose", "reboot"})
+_SHORT_VALUE = frozenset("aAbcCdDeFGiJLmMnNopqStwx")
+
+
+def _positional_words(args: Sequence[str]) -> list[str]:
+    """The words sbatch would read as the script and its arguments (not options, not their values)."""
+    words: list[str] = []
+    items = list(args)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        i += 1
+        if arg == "--":
+            words += items[i:]
+            break
+        if arg.startswith("--"):
+            name = arg[2:]
+            if "=" not in name and name not in _NO_VALUE_OPTIONS and any(o.startswith(name) for o in _VALUE_OPTIONS):
+                i += 1  # its value, whatever it looks like
+        elif arg.startswith("-") and arg != "-":
+            for j, ch in enumerate(arg[1:], start=1):
+                if ch in _SHORT_VALUE:
+                    if j == len(arg) - 1:
+                        i += 1  # "-p gpu"; "-pgpu" carries its value
+                    break
+        else:
+            words.append(arg)
+    return words
 
 
 # ``--part`` is the shortest prefix of ``--partition`` no other sbatch option shares (``--parsable``).

@@ -205,7 +205,7 @@ def test_refused_options_are_refused_in_every_getopt_spelling(arg: str) -> None:
         check_sbatch_args([arg])
 
 
-@pytest.mark.parametrize("arg", ["--wait", "--gres=gpu:1", "--exclusive", "-w", "n1", "--get", "--"])
+@pytest.mark.parametrize("arg", ["--wait", "--gres=gpu:1", "--exclusive", "-wn1", "--get", "--"])
 def test_other_options_pass(arg: str) -> None:
     if arg == "--get":  # a prefix of --get-user-env only: getopt_long reads it as that
         with pytest.raises(UserError):
