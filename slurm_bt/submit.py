@@ -201,6 +201,10 @@ def submit_project(
 
             extra += prefer_args(client, weights_plan, site, spec.partition, sbatch_args)
         # -- end weights
+        # Long runs: a requeued run starts again at once where Slurm offers it (docs/long-runs.md).
+        from slurm_bt.slurm.jobctl import expedite_args
+
+        extra += expedite_args(client, spec.requeue, sbatch_args)
         job_id = client.submit(script, extra, env=sub_env)
         if staging_id is not None:
             from slurm_bt.weights.plan import release_staging_job

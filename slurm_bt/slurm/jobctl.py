@@ -18,15 +18,17 @@ What 22.05 does, observed on the dev cluster:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import datetime
 
 from slurm_bt.errors import SlurmCommandError
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.job_ids import job_id_args
+from slurm_bt.slurm.release import requeue_option, slurm_release
 from slurm_bt.slurm.runner import CommandResult, scrubbed_env
 from slurm_bt.slurm.scontrol import parse_key_values
 
-__all__ = ["JobFacts", "job_facts", "requeue_job", "set_requeueable", "signal_steps"]
+__all__ = ["JobFacts", "expedite_args", "job_facts", "requeue_job", "set_requeueable", "signal_steps"]
 
 _SIGNAL = re.compile(r"[A-Z0-9]{1,8}")
 
@@ -125,3 +127,24 @@ def signal_steps(client: SlurmClient, job_id: str, step_name: str, signal: str) 
     for step in steps:
         _run(client, ["scancel", f"--signal={signal}", step], "do you own this job?")
     return steps
+
+
+def expedite_args(client: SlurmClient, requeue: bool, sbatch_args: Sequence[str] = ()) -> list[str]:
+    """``["--requeue=expedite"]`` for a requeueable job where Slurm offers it (>= 25.11 with
+    ``SlurmctldParameters=enable_expedited_requeue``), else ``[]``.
+
+    Why: a requeued run then starts again at once with top priority instead of waiting out
+    ``cred_expire`` (BeginTime) behind newer jobs (docs/long-runs.md). Asked at submission, on the
+    command line (it overrides the script's ``--requeue``); a user's own ``--requeue``/``--no-requeue``
+    after ``--`` wins. Costs ``scontrol show config`` only on a release that has the option.
+    """
+    if not requeue or any(a.split("=", 1)[0] in {"--requeue", "--no-requeue"} for a in sbatch_args):
+        return []
+    release = slurm_release(client)
+    if release is None or not release.at_least(25, 11):
+        return []
+    try:
+        option = requeue_option(release, client.config())
+    except SlurmCommandError:
+        return []
+    return [option] if option != "--requeue" else []

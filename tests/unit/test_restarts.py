@@ -113,3 +113,35 @@ def test_status_table_lists_earlier_runs_with_their_causes() -> None:
     assert "requeued 2 times (time limit, preempted)" in lines[1]
     assert lines[2:] == ["    run 1: time limit (REQUEUED on n[1-2], 0:00:44)",
                          "    run 2: preempted (PREEMPTED on n2, 0:01:01)"]
+
+
+class _Runner:
+    """Answers scontrol --version and show config like a Slurm of ``release``."""
+
+    def __init__(self, release: str, config: str) -> None:
+        self.release, self.config, self.calls = release, config, []  # type: ignore[var-annotated]
+
+    def run(self, argv, *, input=None, env=None, timeout_s=None):  # type: ignore[no-untyped-def]
+        from slurm_bt.slurm.runner import CommandResult
+
+        self.calls.append(list(argv))
+        out = f"slurm {self.release}\n" if argv[1:] == ["--version"] else self.config
+        return CommandResult(tuple(argv), 0, out, "")
+
+
+@pytest.mark.parametrize(("release", "config", "want"), [
+    ("22.05.8", "", []),
+    ("25.11.1", "SlurmctldParameters = enable_expedited_requeue\n", ["--requeue=expedite"]),
+    ("25.11.1", "SlurmctldParameters = (null)\n", []),
+])
+def test_expedited_requeue_where_slurm_offers_it(release: str, config: str, want: list[str]) -> None:
+    from slurm_bt.slurm.client import SlurmClient
+    from slurm_bt.slurm.jobctl import expedite_args
+
+    runner = _Runner(release, config)
+    client = SlurmClient(runner)  # type: ignore[arg-type]
+    assert expedite_args(client, True) == want
+    assert expedite_args(client, False) == []
+    assert expedite_args(client, True, ["--no-requeue"]) == []
+    if release.startswith("22"):
+        assert all(c[1:] == ["--version"] for c in runner.calls), "no show config on an old release"
