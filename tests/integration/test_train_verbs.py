@@ -7,7 +7,8 @@ submission records ``view``, ``stop --all`` and the latest-job default read) are
 1. init → push (overrides warn, --tail follows to the end) → view / view --job-id → download →
    recreate: the starter project runs here as written; recreate runs the pushed snapshot, not the
    folder as edited since.
-2. logs --tail started while a job runs follows it until it ends (truss's meaning of --tail).
+2. logs --tail started while a job runs follows it until it ends (truss's meaning of --tail);
+   isession --command runs inside that running job.
 3. stop: several active jobs → asks for a job id; --all asks first (no: nothing stopped; yes: all).
 4. update --priority on a pending job sets Slurm's priority; a running job is refused.
 5. checkpoints list (-o csv/json, --sort/--order, --checkpoint-name) and get_checkpoint_urls with an
@@ -150,17 +151,21 @@ def test_init_push_view_download_recreate(dev_cluster: dict[str, object], tmp_pa
 
 def test_logs_tail_follows_a_running_job(dev_cluster: dict[str, object], tmp_path: Path) -> None:
     env = _site(tmp_path)
-    cfg = _config(tmp_path / "tick", "e-tick", "/bin/sh -c 'for i in 1 2 3 4 5 6; do echo tick $i; sleep 1; done'")
+    cfg = _config(tmp_path / "tick", "e-tick", "/bin/sh -c 'for i in $(seq 1 8); do echo tick $i; sleep 1; done'")
     push = _train(env, "push", str(cfg))
     job = _job_id(push.stdout)
     _wait_state(job, {"RUNNING"})
+    # isession (slurm_bt/cli/isession_cmd.py, registered in the train group) reaches into the running job.
+    inside = _train(env, "isession", "--job-id", job, "--command", "echo inside-$SLURM_JOB_ID", timeout=60)
+    assert inside.returncode == 0 and f"inside-{job}" in inside.stdout, (inside.stdout, inside.stderr)
+    assert _squeue(job) == "RUNNING"
     started = time.monotonic()
     follow = _train(env, "logs", "--project", "e-tick", "--tail", timeout=120)
     took = time.monotonic() - started
     assert follow.returncode == 0, follow.stderr
     ticks = [ln for ln in follow.stdout.splitlines() if "tick " in ln]
     # Started while the job ran, it printed every line up to the last one: it followed, not dumped.
-    assert ticks == [f"[node 0] tick {i}" for i in range(1, 7)], follow.stdout
+    assert ticks == [f"[node 0] tick {i}" for i in range(1, 9)], follow.stdout
     assert took >= 2 and _sacct(job, "State") == "COMPLETED"
 
 
