@@ -4,7 +4,8 @@
 ``--get-user-env`` (slurm_bt/render/sbatch_args.py: the job's script and environment come from the
 config). sbatch parses with getopt_long, so ``--wra=CMD`` *is* ``--wrap=CMD``: before, that spelling
 passed the check and Slurm ran the user's command instead of the generated script (no prolog
-preparation, no slurm-bt comment). Each spelling must be refused before anything reaches Slurm.
+preparation, no slurm-bt comment); a word that is no option (``-- other.sh``) is the script to
+sbatch as well. Each must be refused before anything reaches Slurm.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ SPELLINGS = {
     "--wr (is --wrap)": ["--wr", "echo wrapped-instead"],
     "--export-f= (is --export-file)": ["--export-f=/etc/environment"],
     "--get-u (is --get-user-env)": ["--get-u"],
+    # not an option at all: sbatch runs the first such word as the batch script
+    "a script word after --time": ["--time", "1", "other.sh"],
 }
 
 
@@ -44,12 +47,12 @@ def _user_jobs() -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(SPELLINGS))
 def test_refused_options_in_getopt_spellings(tenants: dict[str, object], name: str) -> None:
-    config = write_job(USER, JOB)
+    config = write_job(USER, JOB, files={"other.sh": "#!/bin/bash\n#SBATCH --job-name=wrap\necho not-generated\n"})
     with attack(f"sbatch pass-through {name}"):
         before = _user_jobs()
         proc = as_user(USER, [str(BIN / "bt-sbatch"), "--parsable", str(config), "--", *SPELLINGS[name]],
                        cwd=config.parent)
         assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-        assert "not allowed" in proc.stderr, proc.stderr
+        assert "not allowed" in proc.stderr or "batch script" in proc.stderr, proc.stderr
         assert not proc.stdout.strip(), f"a job id was printed: {proc.stdout!r}"
         assert _user_jobs() == before, "a job reached Slurm"
