@@ -179,12 +179,19 @@ def list_command(ctx: click.Context, remote: str | None, project_id: str | None,
 
 def checkpoint_artifacts(store: CheckpointStore, index: JobIndex, expires_s: int) -> list[dict[str, Any]]:
     """Every file of every checkpoint with a URL: presigned (object stores) or ``file://`` + ``path``."""
-    from slurm_bt.checkpoints.locations import file_key
+    from slurm_bt.checkpoints.locations import file_key, valid_checkpoint_name
+    from slurm_bt.checkpoints.resolve import safe_relpath
+    from slurm_bt.errors import Problem, UserError
 
     presign = getattr(store, "presigned_url", None)
     out = []
     for view in index.checkpoints:
         for r in _file_rows(view):
+            # The index is written by the job's user (or a teammate): a name that climbs out of the
+            # checkpoint would make a path or URL of something else. Refused as `checkpoints download` does.
+            if not (valid_checkpoint_name(view.name) and safe_relpath(r["_key_path"])):
+                raise UserError("slurm-bt", [Problem("--job-id", f"unsafe name {view.name!r}/{r['_key_path']!r} "
+                                                     f"in job {index.job_id}'s checkpoint index")])
             key = file_key(index.project_id, index.job_id, r["node_rank"], view.name, r.pop("_key_path"))
             entry: dict[str, Any] = {"checkpoint_name": view.name, "complete": view.complete, **r}
             if store.uri.scheme == "file":

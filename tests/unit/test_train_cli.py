@@ -25,6 +25,7 @@ from slurm_bt.cli.train_init import RUN_SH, render_config, write_starter
 from slurm_bt.cli.train_jobs import artifact_stem
 from slurm_bt.compat.definitions import AvailabilityModel, InteractiveSessionTrigger
 from slurm_bt.compat.loader import load_training_project
+from slurm_bt.errors import UserError
 from slurm_bt.records import SubmissionRecord, write_record
 from slurm_bt.slurm.scontrol import build_update_priority_argv
 
@@ -122,6 +123,11 @@ def test_checkpoint_urls_of_a_file_store_are_paths() -> None:
     assert first["path"] == "/srv/ckpt/proj/77/rank-0/checkpoint-9/w.bin"
     assert first["url"] == "file:///srv/ckpt/proj/77/rank-0/checkpoint-9/w.bin"
     assert {a["checkpoint_name"] for a in arts if not a["complete"]} == {"checkpoint-11"}
+    forged = _index().model_copy(update={"checkpoints": (CheckpointView(
+        name="checkpoint-1", created="t", complete=True,
+        ranks={0: (FileEntry(path="../../../other-project/9/rank-0/x", size=1, sha256=SHA),)}),)})
+    with pytest.raises(UserError, match="unsafe name"):
+        checkpoint_artifacts(Store(), forged, 3600)  # type: ignore[arg-type]
 
 
 def test_update_priority_argv_is_validated() -> None:
