@@ -42,7 +42,7 @@ __all__ = ["TRAIN_STEP", "main"]
 
 TRAIN_STEP = "bt-train"
 _EARLY = 3  # exit status of `stop` for a warning that came too early
-_SLACK_S = 15  # a warning this much before the grace time still counts (the watcher polls)
+_SLACK_S = 5  # a warning this much before the grace time still counts (the watcher polls every >= 5 s)
 
 
 def _log(message: str) -> None:
