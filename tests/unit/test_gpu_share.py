@@ -254,3 +254,43 @@ def test_a_loaded_cookbook_config_gets_the_site_share(tmp_path: Path) -> None:
     assert (spec.cpus_per_task, spec.mem_mib, spec.nodes) == (80, 8 * 102400, 2)
     spec = _spec(project, HOPPER, NodeSizes(shapes=tuple(BIG)))
     assert (spec.cpus_per_task, spec.mem_mib) == (88, 2050000 - 16384)
+
+
+GPU_CONFIG = """
+from truss_train import definitions
+project = definitions.TrainingProject(name="gpu", job=definitions.TrainingJob(
+    image=definitions.Image(base_image="python:3.11"),
+    compute=definitions.Compute({accel}{extra}),
+    runtime=definitions.Runtime(start_commands=["python train.py"])))
+"""
+
+
+@pytest.mark.parametrize(("gpus", "extra", "asks"), [
+    (4, "", True), (2, "", True), (0, "", False), (4, ", cpu_count=2, memory='4Gi'", False),
+])
+def test_a_submission_asks_slurm_once_and_only_when_it_needs_to(tmp_path: Path, isolated_home: Path,
+                                                                 gpus: int, extra: str, asks: bool) -> None:
+    """bt-sbatch reads the nodes once (scontrol show node), passes the partition on, submits the share."""
+    from slurm_bt.site.settings import load_site_settings
+    from slurm_bt.submit import submit_config
+    from tests.fakes.fake_slurm import FakeSlurm
+
+    class DevNodes(FakeSlurm):
+        def run(self, argv, *, input=None, env=None, timeout_s=60):  # type: ignore[no-untyped-def]
+            if list(argv) == ["scontrol", "--oneliner", "show", "node"]:
+                self.node_queries = getattr(self, "node_queries", 0) + 1
+                return CommandResult(tuple(argv), 0, (DATA / "2205_show_node_devcluster.txt").read_text(), "")
+            return super().run(argv, input=input, env=env, timeout_s=timeout_s)
+
+    accel = f'accelerator="H100:{gpus}"' if gpus else "node_count=1"
+    (tmp_path / "config.py").write_text(GPU_CONFIG.format(accel=accel, extra=extra))
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    env = {"SLURM_BT_SITE_CONFIG": str(isolated_home / "site.toml"), "PATH": "/usr/bin:/bin"}
+    slurm = DevNodes()
+    result = submit_config(tmp_path / "config.py", sbatch_args=["-p", "gpu"], runner=slurm,
+                           site=load_site_settings(environ=env), environ=env)
+    assert getattr(slurm, "node_queries", 0) == (1 if asks else 0)
+    [call] = slurm.calls_to("sbatch")
+    want = {4: ("2", "8000M"), 2: ("1", "4000M"), 0: ("1", "2048M")}[gpus] if asks or not gpus else ("2", "4096M")
+    assert f"#SBATCH --cpus-per-task={want[0]}" in call.stdin and f"#SBATCH --mem={want[1]}" in call.stdin
+    assert not [w for w in result.warnings if w.startswith("job.compute")]
