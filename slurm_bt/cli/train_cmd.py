@@ -277,6 +277,11 @@ def recreate_command(ctx: click.Context, job_id: str | None, tail: bool, yes: bo
         click.echo("Recreating training job...")
         config = snapshot_config(Path(record.job_dir) / "src", record.config_path)
         project = load_training_project(config)
+        workspace = project.job.workspace
+        if workspace is not None and workspace.external_dirs:
+            # Copied into the snapshot's top level when it was pushed (slurm_bt/snapshot.py): recreate
+            # runs those copies, not the directories as they are today (nor a second copy of them).
+            workspace.external_dirs = []
         result = _submit(project, config, os.fspath(config), [], False)
     _created(str(result.job_id))
     if tail:

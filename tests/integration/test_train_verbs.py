@@ -283,3 +283,28 @@ def test_remote_names_an_ssh_login_node(sshd: Sshd, tmp_path: Path, dev_cluster:
     assert over.returncode == 2 and "--node-count" in over.stderr
     urls = _train(env, "get_checkpoint_urls", "--job-id", job, "--remote", ALIAS)
     assert urls.returncode == 2 and "login node" in urls.stderr
+
+
+def test_recreate_runs_the_pushed_workspace(dev_cluster: dict[str, object], tmp_path: Path) -> None:
+    """A config below its workspace_root with an external dir: recreate runs the copies taken at push."""
+    env = _site(tmp_path)
+    (tmp_path / "ext").mkdir()
+    (tmp_path / "ext" / "data.txt").write_text("v1\n")
+    (tmp_path / "ws" / "cfg").mkdir(parents=True)
+    (tmp_path / "ws" / "config.py").write_text("# not the pushed config: a decoy of the same name\n")
+    cfg = tmp_path / "ws" / "cfg" / "config.py"
+    cfg.write_text(textwrap.dedent(f"""
+        from truss_train import definitions
+        training_project = definitions.TrainingProject(name="e-recreate", job=definitions.TrainingJob(
+            image=definitions.Image(base_image="python:3.11"),
+            compute=definitions.Compute(cpu_count=1, memory="256Mi"),
+            runtime=definitions.Runtime(start_commands=["cat ext/data.txt"]),
+            workspace=definitions.Workspace(workspace_root="..", external_dirs=[{str(tmp_path / "ext")!r}]),
+        ))
+        """))
+    first = _train(env, "push", str(cfg), "--tail")
+    assert first.returncode == 0 and "[node 0] v1" in first.stdout, (first.stdout, first.stderr)
+    (tmp_path / "ext" / "data.txt").write_text("v2\n")
+    again = _train(env, "recreate", "--job-id", _job_id(first.stdout), "--tail")
+    assert again.returncode == 0, again.stderr
+    assert "[node 0] v1" in again.stdout and "v2" not in again.stdout, again.stdout
