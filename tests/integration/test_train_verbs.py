@@ -290,9 +290,9 @@ def test_recreate_runs_the_pushed_workspace(dev_cluster: dict[str, object], tmp_
     env = _site(tmp_path)
     (tmp_path / "ext").mkdir()
     (tmp_path / "ext" / "data.txt").write_text("v1\n")
-    (tmp_path / "ws" / "cfg").mkdir(parents=True)
-    (tmp_path / "ws" / "config.py").write_text("# not the pushed config: a decoy of the same name\n")
-    cfg = tmp_path / "ws" / "cfg" / "config.py"
+    (tmp_path / "root" / "cfg").mkdir(parents=True)
+    (tmp_path / "root" / "config.py").write_text("# not the pushed config: a decoy of the same name\n")
+    cfg = tmp_path / "root" / "cfg" / "config.py"
     cfg.write_text(textwrap.dedent(f"""
         from truss_train import definitions
         training_project = definitions.TrainingProject(name="e-recreate", job=definitions.TrainingJob(
