@@ -70,9 +70,10 @@ def _debug(debug: bool, log_level: str | None) -> bool:
 
 
 class TrainGroup(click.Group):
-    """The ``train`` group; ``isession`` comes from slurm_bt/cli/isession_cmd.py, imported on first use."""
+    """The ``train`` group; ``isession`` (slurm_bt/cli/isession_cmd.py) and ``cache summarize``
+    (slurm_bt/cli/cache_cmd.py, upstream's flags already) are imported on first use."""
 
-    _LAZY = {"isession": "slurm_bt.cli.isession_cmd"}
+    _LAZY = {"isession": "slurm_bt.cli.isession_cmd", "cache": "slurm_bt.cli.cache_cmd"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [*super().list_commands(ctx), *self._LAZY]
@@ -85,7 +86,7 @@ class TrainGroup(click.Group):
             module = importlib.import_module(self._LAZY[cmd_name])
         except ImportError:
             return None
-        for attr in (f"{cmd_name}_command", cmd_name):
+        for attr in (f"{cmd_name}_command", f"{cmd_name}_group", cmd_name):
             command = getattr(module, attr, None)
             if isinstance(command, click.Command):
                 return command

@@ -264,3 +264,11 @@ def test_csv_and_json_formats(isolated_home: Path, monkeypatch: pytest.MonkeyPat
     assert doc["total_checkpoints"] == 3 and doc["job_id"] == "77"
     files = runner.invoke(cli, ["train", "checkpoints", "list", "--job-id", "77", "--checkpoint-name", "nope"])
     assert files.exit_code == 1
+
+
+def test_group_lists_upstreams_verbs() -> None:
+    result = CliRunner().invoke(cli, ["train", "--help"])
+    for verb in ("push", "recreate", "logs", "view", "stop", "metrics", "checkpoints", "get_checkpoint_urls",
+                 "download", "init", "update", "isession", "cache"):
+        assert f"  {verb} " in result.output, verb
+    assert CliRunner().invoke(cli, ["train", "cache", "summarize", "--help"]).exit_code == 0
