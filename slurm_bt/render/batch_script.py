@@ -347,6 +347,7 @@ def render_node_entry(spec: JobSpec) -> str:
             f'bt_wrap={_word(runtime_dir(spec, _JOB) + "/node-")}"${{SLURM_NODEID}}.bwrap"',
             'if [ "${1:-}" != --in-container ] && [ -f "$bt_wrap" ]; then',
             "  mapfile -d '' -t bt_argv < \"$bt_wrap\" && rm -f -- \"$bt_wrap\" || exit 1",
+            *_session_bwrap_lines(spec),
             '  exec "${bt_argv[@]}"',
             "fi",
             "unset bt_wrap",
@@ -388,6 +389,21 @@ def render_node_entry(spec: JobSpec) -> str:
 def session_env_path(spec: JobSpec, job_id: str, rank: int | str) -> str:
     """Where node ``rank`` keeps its environment for ``slurm-bt ssh`` (tmpfs, 0600; the epilog removes it)."""
     return f"{runtime_dir(spec, job_id)}/node-{rank}.session"
+
+
+def _session_bwrap_lines(spec: JobSpec) -> list[str]:
+    """Keep the bubblewrap view's argv, minus its command, so a session sees the weights too.
+
+    The argv ends ``--chdir <workdir> -- /bin/bash node_entry.sh --in-container``
+    (slurm_bt/weights/job_view.py's ``bwrap_argv``); a session runs its own shell after the ``--``
+    (slurm_bt/render/session.py). Paths only, no secrets; the epilog removes it with the runtime dir.
+    """
+    if spec.interactive is None:
+        return []
+    return [
+        '  ( umask 077; printf \'%s\\0\' "${bt_argv[@]:0:${#bt_argv[@]}-3}" > "${bt_wrap%.bwrap}.session-bwrap" ) ||',
+        '    echo "slurm-bt: could not save the weights view for interactive sessions" >&2',
+    ]
 
 
 def _session_env_lines(spec: JobSpec) -> list[str]:

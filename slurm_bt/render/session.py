@@ -7,8 +7,8 @@ does not inherit the start commands' environment. Step 2's ``node_entry.sh`` sav
 below loads it, changes to the start commands' working directory and starts an interactive bash (or
 runs one command). Where it runs:
 
-* ``none``: on the host, like the start commands (without the bubblewrap weights view: weights are
-  read from their host cache paths);
+* ``none``: on the host, like the start commands, and inside the same bubblewrap view of the
+  weights when step 2 runs in one (weights read-only at their ``mount_location``);
 * ``pyxis``: inside the job's running container when the site runs pyxis with ``container_scope=job``
   (site ``pyxis_container_scope_job``: step 2 is named ``bt-session-<job id>`` and pyxis's
   ``--container-name=NAME:exec`` enters its namespaces); otherwise in a new container of the job's
@@ -44,9 +44,13 @@ else
        "started here yet, or the config has no interactive_session): BT_* variables are not set" >&2
 fi
 cd -- "$bt_dir" 2>/dev/null || cd || true
-if [ -n "${4:-}" ]; then bt_cmd="$4"; unset bt_env bt_dir bt_kv bt_wait; exec /bin/bash -c "$bt_cmd"; fi
+bt_view=()  # a host job's bubblewrap weights view, when step 2 runs in one (batch_script.py)
+if [ -f "${bt_env%.session}.session-bwrap" ]; then mapfile -d '' -t bt_view < "${bt_env%.session}.session-bwrap"; fi
+if [ -n "${4:-}" ]; then
+  bt_cmd="$4"; unset bt_env bt_dir bt_kv bt_wait; exec "${bt_view[@]}" /bin/bash -c "$bt_cmd"
+fi
 unset bt_env bt_dir bt_kv bt_wait
-exec /bin/bash -i
+exec "${bt_view[@]}" /bin/bash -i
 """
 
 

@@ -204,3 +204,28 @@ def test_cli_refuses_other_peoples_jobs_and_session_updates(isolated_home: Path)
     assert bad_id.exit_code == 2
     update = runner.invoke(cli, ["train", "isession", "--job-id", "4242", "--update-timeout", "5"])
     assert update.exit_code == 2 and "fixed in its batch script" in update.output
+
+
+def test_host_weights_view_is_kept_for_sessions_and_used(tmp_path: Path) -> None:
+    config = tmp_path / "w.py"
+    config.write_text(textwrap.dedent("""
+        from truss_train import WeightsSource, definitions as d
+        project = d.TrainingProject(name="w", job=d.TrainingJob(
+            image=d.Image(base_image="python:3.11"),
+            runtime=d.Runtime(start_commands=["true"]),
+            weights=[WeightsSource(source="hf://Org/M", mount_location="/app/w")],
+            interactive_session=d.InteractiveSession(),
+        ))
+        """))
+    entry = render_node_entry(spec_for(config))
+    save = entry.index(".session-bwrap")
+    assert entry.index("mapfile -d '' -t bt_argv") < save < entry.index('exec "${bt_argv[@]}"')
+    # the session runs its shell through the saved prefix (here: env, standing in for bwrap ... --)
+    saved = tmp_path / "node-0.session"
+    saved.write_bytes(b"BT_NODE_RANK=0\0")
+    (tmp_path / "node-0.session-bwrap").write_bytes(b"/usr/bin/env\0IN_VIEW=yes\0")
+    ran = subprocess.run(["bash", "-c", SESSION_SCRIPT, "bt-session", str(saved), str(tmp_path), "0",
+                          'echo "view=$IN_VIEW rank=$BT_NODE_RANK"'], capture_output=True, text=True, check=False)
+    assert ran.stdout.strip() == "view=yes rank=0", ran
+    without = render_node_entry(spec_for(config.parent / "w.py").model_copy(update={"interactive": None}))
+    assert ".session-bwrap" not in without

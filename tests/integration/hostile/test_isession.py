@@ -8,7 +8,8 @@
   session can attach during the hold), then the job fails with the start commands' exit code;
 * another user cannot attach (no record; Slurm refuses ``srun --jobid`` too), and the saved session
   environment holds no secret value;
-* ``--host``: the same session through a real sshd (tests/integration/test_ssh.py's fixture).
+* ``--host``: the same session through a real sshd (tests/integration/test_ssh.py's fixture);
+* a host job with weights: the session sees them read-only at ``mount_location`` (the bubblewrap view).
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import re
 import select
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, submit, wait, write_job
+from tests.integration.hostile.weights_jobs import readable_site
 from tests.integration.test_ssh import ALIAS, USER, Sshd, _client_home
 from tests.integration.test_ssh import sshd as sshd  # the session fixture, reused
+from tests.servers.hf_hub import FakeHub
 
 pytestmark = pytest.mark.slurm
 
@@ -205,3 +209,32 @@ def test_session_over_ssh_host(sshd: Sshd, tmp_path: Path, tenants: dict[str, ob
     record, _ = wait(USER, job_id, timeout_s=90)
     assert record["current_status"] == "TRAINING_JOB_COMPLETED", record
     aftermath(job_id, USER)
+
+
+def test_session_sees_the_weights_view_of_a_host_job(tenants: dict[str, object], fake_hub: FakeHub) -> None:
+    tag = uuid.uuid4().hex[:8]
+    fake_hub.add_repo(f"Org/Session-{tag}", {"config.json": b'{"session": "weights-visible"}'})
+    with readable_site("bt-isession-site-", f"""
+            [weights.endpoints]
+            hf_endpoint = "{fake_hub.endpoint}"
+            """):
+        config = write_job("btu1", f"""
+            from truss_train import WeightsSource, definitions as d
+            project = d.TrainingProject(name="isession-weights", job=d.TrainingJob(
+                image=d.Image(base_image="python:3.11"),
+                compute=d.Compute(node_count=1, cpu_count=1, memory="256Mi"),
+                runtime=d.Runtime(start_commands=[{_WAIT_FOR_FLAG}]),
+                weights=[WeightsSource(source="hf://Org/Session-{tag}", mount_location="/app/w")],
+                interactive_session=d.InteractiveSession(),
+            ))
+            """)
+        job_id = submit("btu1", config)
+        _running(job_id, timeout_s=150)
+        seen = as_user("btu1", [str(BIN / "slurm-bt"), "ssh", job_id, "--command",
+                                "cat /app/w/config.json; touch /app/w/x 2>/dev/null || echo read-only; "
+                                "touch session.flag"])
+        assert seen.returncode == 0, seen
+        assert '{"session": "weights-visible"}' in seen.stdout and "read-only" in seen.stdout, seen
+        record, _ = wait("btu1", job_id, timeout_s=120)
+    assert record["current_status"] == "TRAINING_JOB_COMPLETED", record
+    aftermath(job_id, "btu1")
