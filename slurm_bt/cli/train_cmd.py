@@ -510,7 +510,7 @@ def stop_command(ctx: click.Context, project_id: str | None, project: str | None
 
 @train_group.command(name="update")
 @click.option("--job-id", required=True, help="Job ID of the training job.")
-@click.option("--priority", type=int, default=None,
+@click.option("--priority", type=click.IntRange(max=2**32 - 2), default=None,
               help="New queue priority (Slurm's: higher runs first). Only PENDING jobs.")
 @_common
 @click.pass_context
