@@ -39,6 +39,7 @@ from slurm_bt.cli.train_jobs import (
     remote_host,
     render,
 )
+from slurm_bt.errors import Problem, UserError
 
 if TYPE_CHECKING:
     from slurm_bt.compat.definitions import TrainingProject
@@ -204,9 +205,14 @@ def push_command(ctx: click.Context, config: Path, sbatch_args: tuple[str, ...],
         from slurm_bt.compat.loader import load_training_project
 
         project = load_training_project(config)
-        apply_overrides(project, job_name=job_name, interactive=interactive,
-                        interactive_timeout_minutes=interactive_timeout_minutes, accelerator=accelerator,
-                        node_count=node_count, entrypoint=entrypoint, priority=priority, spot=spot)
+        try:
+            apply_overrides(project, job_name=job_name, interactive=interactive,
+                            interactive_timeout_minutes=interactive_timeout_minutes, accelerator=accelerator,
+                            node_count=node_count, entrypoint=entrypoint, priority=priority, spot=spot)
+        except ValueError as exc:  # pydantic's ValidationError too: a flag's value the model refuses
+            errors = getattr(exc, "errors", None)
+            detail = errors()[0].get("msg", str(exc)) if callable(errors) and errors() else str(exc)
+            raise UserError(os.fspath(config), [Problem("", f"command-line override refused: {detail}")]) from None
         extra = list(sbatch_args)
         if team:
             # Teams are Slurm accounts here (slurm_bt/api.py): Slurm decides whether the user may use it.

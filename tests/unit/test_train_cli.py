@@ -272,3 +272,12 @@ def test_group_lists_upstreams_verbs() -> None:
                  "download", "init", "update", "isession", "cache"):
         assert f"  {verb} " in result.output, verb
     assert CliRunner().invoke(cli, ["train", "cache", "summarize", "--help"]).exit_code == 0
+
+
+def test_a_refused_override_is_a_usage_error_naming_it(isolated_home: Path) -> None:
+    _project(isolated_home)
+    result = CliRunner().invoke(cli, ["train", "push", str(isolated_home / "config.py"), "--dry-run",
+                                      "--accelerator", "NOPE:2"])
+    assert result.exit_code == 2, result.output
+    assert "command-line override refused" in result.output and "NOPE" in result.output
+    assert "internal error" not in result.output
