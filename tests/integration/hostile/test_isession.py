@@ -232,9 +232,10 @@ def test_session_sees_the_weights_view_of_a_host_job(tenants: dict[str, object],
         _running(job_id, timeout_s=150)
         seen = as_user("btu1", [str(BIN / "slurm-bt"), "ssh", job_id, "--command",
                                 "cat /app/w/config.json; touch /app/w/x 2>/dev/null || echo read-only; "
-                                "touch session.flag"])
+                                'echo "rank=$BT_NODE_RANK"; touch session.flag'])
         assert seen.returncode == 0, seen
         assert '{"session": "weights-visible"}' in seen.stdout and "read-only" in seen.stdout, seen
+        assert "rank=0" in seen.stdout, seen  # the environment was saved inside the view too
         record, _ = wait("btu1", job_id, timeout_s=120)
     assert record["current_status"] == "TRAINING_JOB_COMPLETED", record
     aftermath(job_id, "btu1")
