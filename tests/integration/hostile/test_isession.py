@@ -14,11 +14,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import re
 import select
+import struct
 import subprocess
+import termios
 import time
 import uuid
 from pathlib import Path
@@ -83,8 +86,9 @@ def _drive(argv: list[str], lines: list[bytes], *, env: dict[str, str] | None = 
            timeout_s: float = 60) -> tuple[str, int]:
     """Run ``argv`` on a new pseudo-terminal, type ``lines`` once a prompt shows, return (output, exit)."""
     pid, fd = pty.fork()
-    if pid == 0:  # the child: argv on the pty's slave side as its terminal
+    if pid == 0:  # the child: argv on the pty's slave side as its terminal, 33 rows x 111 columns
         try:
+            fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 111, 0, 0))
             os.execvpe(argv[0], argv, env if env is not None else dict(os.environ, TERM="xterm"))
         finally:
             os._exit(127)
@@ -138,10 +142,11 @@ def test_pty_session_in_a_running_two_node_job(tenants: dict[str, object]) -> No
     # A shell on node rank 1 (n2), driven through a real pseudo-terminal.
     out, code = _drive(["runuser", "-u", "btu1", "--", str(BIN / "slurm-bt"), "ssh", job_id, "--node", "1"], [
         b'echo "MARK rank=$BT_NODE_RANK node=$SLURMD_NODENAME size=$BT_GROUP_SIZE var=$MY_VAR '
-        b'tok=${MY_TOKEN:-none} tty=$(tty) job=$BT_TRAINING_JOB_ID"',
+        b'tok=${MY_TOKEN:-none} tty=$(tty) job=$BT_TRAINING_JOB_ID size=$(stty size)"',
         b"exit 7",
     ])
-    assert re.search(rf"MARK rank=1 node=n2 size=2 var=visible tok=none tty=/dev/pts/\d+ job={job_id}", out), out
+    assert re.search(rf"MARK rank=1 node=n2 size=2 var=visible tok=none tty=/dev/pts/\d+ job={job_id} "
+                     r"size=33 111", out), out  # a terminal on the node, of the caller's size
     assert code == 7, out  # the shell's exit status is the command's
 
     with attack("isession: another user opens a session in someone else's job"):
@@ -202,10 +207,10 @@ def test_session_over_ssh_host(sshd: Sshd, tmp_path: Path, tenants: dict[str, ob
                            capture_output=True, text=True, timeout=180, check=False)
     assert piped.returncode == 4 and "piped rank=0" in piped.stdout, piped
     out, code = _drive([str(BIN / "slurm-bt"), "ssh", job_id, "--host", ALIAS], [
-        b'echo "REMOTE rank=$BT_NODE_RANK user=$(id -un) var=$MY_VAR"; touch session.flag',
+        b'echo "REMOTE rank=$BT_NODE_RANK user=$(id -un) var=$MY_VAR size=$(stty size)"; touch session.flag',
         b"exit",
     ], env=env)
-    assert f"REMOTE rank=0 user={USER} var=visible" in out and code == 0, out
+    assert f"REMOTE rank=0 user={USER} var=visible size=33 111" in out and code == 0, out
     record, _ = wait(USER, job_id, timeout_s=90)
     assert record["current_status"] == "TRAINING_JOB_COMPLETED", record
     aftermath(job_id, USER)
