@@ -298,3 +298,26 @@ def test_s3_retention_deletes_exactly_one_checkpoint_prefix(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, "-c", MOTO_DELETE], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[2])
     assert "MOTO-OK" in out.stdout, out.stdout + out.stderr
+
+
+def test_heartbeat_writes_only_on_change_or_every_refresh_period(tmp_path: Path) -> None:
+    """An empty rank republishes empty_at at most every EMPTY_REFRESH_S, not on every 5 s pass."""
+    store = open_store(f"file://{tmp_path}/store")
+    writes: list[str] = []
+    real = store.write_bytes
+
+    def counting(key: str, data: bytes) -> None:
+        writes.append(key)
+        real(key, data)
+
+    store.write_bytes = counting  # type: ignore[method-assign]
+    r1 = _up(store, tmp_path / "n1", 1, 2)
+    r1.report(start=True)
+    first = len(writes)
+    assert first >= 1 and r1.part().empty_at is not None
+    r1.report()
+    r1.report()
+    assert len(writes) == first, "no write while nothing changed"
+    (tmp_path / "n1" / "shard").mkdir()
+    r1.report()
+    assert r1.part().empty_at is None and len(writes) > first, "a directory appearing is published at once"
