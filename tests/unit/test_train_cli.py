@@ -281,3 +281,39 @@ def test_a_refused_override_is_a_usage_error_naming_it(isolated_home: Path) -> N
     assert result.exit_code == 2, result.output
     assert "command-line override refused" in result.output and "NOPE" in result.output
     assert "internal error" not in result.output
+
+
+def test_presigning_failures_are_storage_errors() -> None:
+    """gcsfs signs only with a service-account key, adlfs only with an account key: a clear SourceError."""
+    from slurm_bt.errors import SourceError
+    from slurm_bt.storage._fs import FsspecBackend
+    from slurm_bt.storage.base import Backend
+    from slurm_bt.storage.url import parse_url
+
+    class Fs:
+        def __init__(self, exc: Exception | None) -> None:
+            self.exc = exc
+
+        def sign(self, path: str, expiration: int) -> str:
+            if self.exc is not None:
+                raise self.exc
+            return f"https://signed/{path}?e={expiration}"
+
+    class Gs(FsspecBackend):
+        def __init__(self, exc: Exception | None) -> None:
+            self.url, self.fs = parse_url("gs://bucket/pre"), Fs(exc)
+
+        def _root(self) -> str:
+            return "bucket/pre"
+
+    assert Gs(None).presigned_url("a/b", 60) == "https://signed/bucket/pre/a/b?e=60"
+    with pytest.raises(SourceError, match="cannot presign URLs"):
+        Gs(NotImplementedError()).presigned_url("a", 60)
+    with pytest.raises(SourceError, match="cannot presign with these credentials: AttributeError"):
+        Gs(AttributeError("no private key")).presigned_url("a", 60)
+
+    class Plain(Backend):
+        url = parse_url("https://example.com/x")
+
+    with pytest.raises(SourceError, match="cannot presign"):
+        Plain().presigned_url("a", 60)
