@@ -172,6 +172,21 @@ class RankUploader:
                                                user=i.user, rank=i.rank, group_size=i.group_size, updated=utc_now())
         return self._part
 
+    def _refresh(self) -> RankIndex:
+        """This rank's part as stored now (the in-memory copy when absent), before applying a change to it.
+
+        Why: one rank's part normally has one writer, but a requeued job's next run (same job id,
+        same ranks) can start while a hand-off sweep of the previous run still uploads into the same
+        part. Each change is applied to what is stored at that moment instead of to a copy read when
+        the process started, so neither process drops what the other published (the window left is
+        the few milliseconds between this read and the write).
+        """
+        i = self.ident
+        stored = read_rank_part(self.store, i.project_id, i.job_id, i.rank)
+        if stored is not None:
+            self._part = stored
+        return self.part()
+
     def _publish(self, part: RankIndex, *, rewrite_index: bool = True) -> None:
         i = self.ident
         self.store.write_bytes(rank_index_key(i.project_id, i.job_id, i.rank), part.model_dump_json(indent=1).encode())
@@ -263,7 +278,7 @@ class RankUploader:
         ckpt = RankCheckpoint(name=state.name, created=_iso(state.newest_mtime), uploaded=utc_now(),
                               completion=completion, files=tuple(sorted(entries.values(), key=lambda e: e.path)),
                               source_mtime=state.newest_mtime)
-        new_part = self.part().with_checkpoint(ckpt)
+        new_part = self._refresh().with_checkpoint(ckpt)
         new_part = new_part.model_copy(update={
             "uploading": tuple(c for c in _uploading_all(new_part) if c.name != state.name),
             "expired": {n: t for n, t in new_part.expired.items() if n != state.name}})
@@ -290,7 +305,7 @@ class RankUploader:
         Raises:
             StorageError: the store cannot be written.
         """
-        part = self.part()
+        part = self.part()  # decided on the copy in memory; re-read only when something is written
         known = part.checkpoints or part.empty_at is not None or part.final or part.uploading
         if has_directories(self.checkpoint_dir):
             empty_at = None
@@ -303,6 +318,7 @@ class RankUploader:
         # Only a change of state needs the merged index.json rewritten; a refresh of empty_at does not
         # (readers merge the parts themselves).
         transition = (empty_at is None) != (part.empty_at is None) or final != part.final
+        part = self._refresh()
         self._publish(part.model_copy(update={"empty_at": empty_at, "final": final, "updated": utc_now()}),
                       rewrite_index=transition)
 
@@ -323,7 +339,7 @@ class RankUploader:
         index = read_job_index(self.store, i.project_id, i.job_id, i.group_size)
         if index is None:
             return []
-        part = self.part()
+        part = self._refresh()
         # Only names this rank uploaded itself (its own part), and valid ones: the key stays below its rank.
         names = [n for n in select_expired(index, policy) if part.get(n) is not None and valid_checkpoint_name(n)]
         if not names:
@@ -370,7 +386,7 @@ class RankUploader:
     def _record_progress(self, name: str, completion: str, state: DirState, files: list[FileEntry]) -> None:
         partial = RankCheckpoint(name=name, created=_iso(state.newest_mtime), uploaded=utc_now(),
                                  completion=completion, files=tuple(sorted(files, key=lambda e: e.path)))
-        part = self.part()
+        part = self._refresh()
         others = tuple(c for c in _uploading_all(part) if c.name != name)
         updated = part.model_copy(update={"uploading": (*others, partial), "updated": utc_now()})
         i = self.ident

@@ -321,3 +321,17 @@ def test_heartbeat_writes_only_on_change_or_every_refresh_period(tmp_path: Path)
     (tmp_path / "n1" / "shard").mkdir()
     r1.report()
     assert r1.part().empty_at is None and len(writes) > first, "a directory appearing is published at once"
+
+
+def test_two_writers_of_one_rank_part_keep_each_others_checkpoints(tmp_path: Path) -> None:
+    """A requeued run's uploader and a hand-off sweep of the previous run write the same rank part."""
+    store = open_store(f"file://{tmp_path}/store")
+    sweep, run2 = _up(store, tmp_path / "handoff", 0, 1), _up(store, tmp_path / "run2", 0, 1)
+    run2.report(start=True)  # run 2 read the part before the sweep published
+    _ckpt(tmp_path / "handoff", "checkpoint-5")
+    sweep.run_once(final=True)
+    _ckpt(tmp_path / "run2", "checkpoint-8")
+    run2.run_once()
+    run2.report()
+    index = read_job_index(store, "Demo", "77")
+    assert index is not None and [c.name for c in index.checkpoints] == ["checkpoint-5", "checkpoint-8"]
