@@ -66,7 +66,7 @@ def _uninterrupted(steps: int) -> str:
 def _final(logs: str) -> str:
     done = re.findall(r"rank 0/\d+ done: (w \S+ b \S+)", logs)
     assert done, logs[-3000:]
-    return done[-1]
+    return str(done[-1])
 
 
 def _state(job_id: str) -> str:

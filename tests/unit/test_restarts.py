@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from slurm_bt.compat.loader import load_training_project
 from slurm_bt.errors import ConfigError
+from slurm_bt.job_spec import JobSpec, build_job_spec
 from slurm_bt.jobs.restarts import RestartEntry, append_entry, cause_of_run, decide, log_path, read_log
 from slurm_bt.render.batch_script import render_batch_script, render_node_entry, sbatch_directives
 from slurm_bt.site.settings import RestartSettings, SiteSettings
-from slurm_bt.compat.loader import load_training_project
-from slurm_bt.job_spec import JobSpec, build_job_spec
 from tests.unit.test_render_injection import Cfg, make_context, site_for
 
 POLICY = {"max_restarts": 2, "retry_on_failure": 0}
@@ -139,7 +139,7 @@ def test_expedited_requeue_where_slurm_offers_it(release: str, config: str, want
     from slurm_bt.slurm.jobctl import expedite_args
 
     runner = _Runner(release, config)
-    client = SlurmClient(runner)  # type: ignore[arg-type]
+    client = SlurmClient(runner)
     assert expedite_args(client, True) == want
     assert expedite_args(client, False) == []
     assert expedite_args(client, True, ["--no-requeue"]) == []
