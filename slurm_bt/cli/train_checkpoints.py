@@ -72,6 +72,7 @@ def checkpoint_rows(index: JobIndex) -> list[dict[str, Any]]:
         "id": c.name, "checkpoint_id": c.name, "checkpoint_type": _kind(c), "base_model": "",
         "size_bytes": c.size, "created_at": c.created, "complete": c.complete,
         "ranks": sorted(c.ranks), "group_size": index.group_size, "file_count": c.file_count,
+        "waiting": list(c.waiting), "missing": list(c.missing),
     } for c in index.checkpoints]
 
 
@@ -89,7 +90,14 @@ def sort_rows(rows: list[dict[str, Any]], sort: str, order: str) -> list[dict[st
 
 
 def _complete(r: dict[str, Any]) -> str:
-    return "yes" if r["complete"] else f"no ({len(r['ranks'])}/{r['group_size']} ranks)"
+    """Why a checkpoint is not loadable, as ``slurm-bt checkpoints list`` says it (docs/checkpoints.md)."""
+    if r["complete"]:
+        return "yes"
+    if r["missing"]:
+        return f"no (rank {','.join(map(str, r['missing']))} never uploaded its part)"
+    if r["waiting"]:
+        return f"no (waiting for rank {','.join(map(str, r['waiting']))})"
+    return "no (deleted by retention on some ranks)"
 
 
 def _print_checkpoints(job_id: str, rows: list[dict[str, Any]], fmt: str) -> None:
