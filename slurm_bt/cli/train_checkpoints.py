@@ -97,7 +97,7 @@ def _complete(r: dict[str, Any]) -> str:
         return f"no (rank {','.join(map(str, r['missing']))} never uploaded its part)"
     if r["waiting"]:
         return f"no (waiting for rank {','.join(map(str, r['waiting']))})"
-    return "no (deleted by retention on some ranks)"
+    return f"no ({len(r['ranks'])}/{r['group_size']} ranks)"  # e.g. deleted by retention on another rank
 
 
 def _print_checkpoints(job_id: str, rows: list[dict[str, Any]], fmt: str) -> None:
