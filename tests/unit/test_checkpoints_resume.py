@@ -26,7 +26,7 @@ from slurm_bt.checkpoints.retention import RetentionPolicy, select_expired
 from slurm_bt.checkpoints.scan import CompletionTracker
 from slurm_bt.checkpoints.store import CheckpointStore, open_store
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader, read_job_index
-from slurm_bt.errors import ConfigError
+from slurm_bt.errors import ConfigError, StorageError
 from slurm_bt.site.settings import SiteSettings
 from tests.spec_helpers import spec_for
 
@@ -335,3 +335,23 @@ def test_two_writers_of_one_rank_part_keep_each_others_checkpoints(tmp_path: Pat
     run2.report()
     index = read_job_index(store, "Demo", "77")
     assert index is not None and [c.name for c in index.checkpoints] == ["checkpoint-5", "checkpoint-8"]
+
+
+def test_retention_never_deletes_in_another_users_job_directory(tmp_path: Path) -> None:
+    """delete_tree walks for writing: a job directory (or a checkpoint in it) of another uid is refused, kept."""
+    from slurm_bt.errors import UntrustedLocation
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a directory of another user")
+    store = open_store(f"file://{tmp_path}/store")
+    up = _up(store, tmp_path / "n0", 0, 1)
+    _ckpt(tmp_path / "n0", "checkpoint-1")
+    up.run_once()
+    job_dir = tmp_path / "store/Demo/77"
+    for path in (job_dir, *job_dir.rglob("*")):
+        os.lchown(path, 4242, -1)  # now someone else's job directory
+    with pytest.raises(UntrustedLocation):
+        store.delete_tree("Demo/77/rank-0/checkpoint-1")
+    assert (job_dir / "rank-0/checkpoint-1/model.bin").is_file()
+    with pytest.raises(StorageError):
+        store.delete_tree("Demo/77")  # never a whole job (or project)
