@@ -32,7 +32,7 @@ import errno
 import os
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -49,6 +49,9 @@ from slurm_bt.posix.safefs import UnsafeEntry, UntrustedPath, ensure_dir_at, ope
 from slurm_bt.posix.teams import Team, TeamError, resolve_team
 from slurm_bt.site.settings import expand_path
 from slurm_bt.weights.tier_dirs import STAGING_COMMENT_PREFIX, provision_cluster_tiers
+
+if TYPE_CHECKING:
+    from slurm_bt.weights.node_stager import StagerPolicy
 
 __all__ = ["COMMENT_PREFIX", "main", "prolog_body", "read_job_spec_as_user", "stage_weights"]
 
@@ -309,8 +312,20 @@ def _node_cache_healthy(root: str) -> bool:
     return True
 
 
+def _stager_policy(ctx: HookContext) -> StagerPolicy:
+    """The node stagers' bounds from the hook policy (slurm_bt/site/hook_settings.py)."""
+    from slurm_bt.weights.node_stager import StagerPolicy
+
+    st = ctx.settings
+    return StagerPolicy(prolog_wait_s=st.weights_prolog_wait_s,
+                        rate_bytes_s=int(st.weights_stage_rate_mib_s * (1 << 20)),
+                        memory_bytes=st.weights_stage_memory_mib << 20,
+                        min_rate_bytes_s=max(1, int(st.weights_stage_min_rate_mib_s * (1 << 20))),
+                        stall_s=st.weights_stage_stall_s, log_file=st.log_file)
+
+
 def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, root: str,
-                 team_gid: int | None = None) -> dict[str, Any]:
+                 team_gid: int | None = None, budget: float | None = None) -> dict[str, Any]:
     """Run in a forked root child: stage the job's weights, return a JSON-able, classified outcome.
 
     Why classify here and not in the parent: only the child has the real exception (class, ``errno``,
@@ -328,8 +343,12 @@ def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, roo
         return " ".join(msg.split())[:1500]
 
     try:
+        # A node miss is copied by a node stager outside this hook's clock (docs/weights-cache.md
+        # §Node misses of any size); this only waits briefly, well inside the child's budget.
+        policy = _stager_policy(ctx)
+        wait_s = min(policy.prolog_wait_s, max(0.0, (budget or policy.prolog_wait_s + 5) - 5.0))
         entries = stage_for_job(ctx.env.to_environ(), spec, raw, team=team, team_gid=team_gid, site=ctx.site,
-                                log=lines.append)
+                                log=lines.append, stager=policy, wait_s=wait_s)
     except (WeightsJobError, CacheFullError, CacheIntegrityError, CacheLockTimeout) as exc:
         return {"outcome": "job", "message": text(exc), "lines": lines}
     except OSError as exc:  # StorageError included: a blob in no tier, cluster-tier I/O, the node cache
@@ -373,7 +392,7 @@ def stage_weights(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, obje
     slug = team_slug(team.name)
     try:
         # team.gid: the audience of credentialed entries on the node and the group the team tier must have
-        result = run_in_child(lambda: _stage_child(ctx, spec, raw, slug, root, team.gid), timeout_s=budget)
+        result = run_in_child(lambda: _stage_child(ctx, spec, raw, slug, root, team.gid, budget), timeout_s=budget)
     except ChildTimeout:
         raise HookUserError(
             f"copying this job's weights into the node cache on {env.node} did not finish within {budget:.0f} s "

@@ -22,6 +22,9 @@ Format (all keys optional; unknown keys are errors)::
     max_age_s = 259200           # 3 days
     max_bytes_per_user = 107374182400
     child_timeout_s = 1800       # per entry; also child_memory_mib = 4096, child_cpu_s = 1800
+    # node stagers (prolog → node copy of a large weights entry, outside the prolog's clock):
+    # weights_prolog_wait_s = 5, weights_stage_rate_mib_s = 0 (no cap), weights_stage_memory_mib = 4096,
+    # weights_stage_min_rate_mib_s = 10, weights_stage_stall_s = 300
 """
 
 from __future__ import annotations
@@ -116,6 +119,14 @@ class HookSettings(BaseModel):
     stale_scratch_after_s: float = Field(default=3600.0, ge=0)
     resume_handoffs: Literal["background", "off"] = "background"
     handoff: HandoffPolicy = Field(default_factory=HandoffPolicy)
+    # Node stagers (slurm_bt/weights/node_stager.py, docs/weights-cache.md §Node misses of any size):
+    # how long the prolog waits for a node miss before the job's first step waits instead, and the
+    # stager's bounds (rate cap, 0 = none; address space; slowest tolerated rate; stall).
+    weights_prolog_wait_s: float = Field(default=5.0, ge=0, le=3600)
+    weights_stage_rate_mib_s: float = Field(default=0.0, ge=0)
+    weights_stage_memory_mib: int = Field(default=4096, ge=512)
+    weights_stage_min_rate_mib_s: float = Field(default=10.0, gt=0)
+    weights_stage_stall_s: float = Field(default=300.0, gt=0)
 
 
 def _read_root_owned(path: Path) -> bytes | None:

@@ -32,6 +32,7 @@ import os
 import secrets
 import socket
 import stat
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -348,7 +349,8 @@ def _hash_range(h: hashlib._Hash, fd: int, off: int, count: int) -> None:
     _start_writeback(fd, off, count)
 
 
-def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CHUNK) -> tuple[str, int]:
+def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CHUNK,
+                  progress: Callable[[int], None] | None = None) -> tuple[str, int]:
     """Copy ``size`` bytes from ``src_fd`` to ``dst_fd`` and return the sha256 of what was *written*.
 
     Data moves in the kernel (``copy_file_range``, else ``sendfile``); each chunk is then hashed
@@ -358,6 +360,9 @@ def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CH
     can rewrite the bytes between our read and our copy, but nobody else can touch our fresh
     root-owned temp file. Small files take a single read/hash/write pass (less overhead).
 
+    ``progress(n)`` is called after each chunk with its byte count (the node stager's progress,
+    rate cap and cancellation, slurm_bt/weights/node_stager.py); an exception it raises stops the copy.
+
     Returns:
         (sha256 hex, bytes copied); fewer bytes than ``size`` means the source was short.
     """
@@ -366,6 +371,8 @@ def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CH
         view = memoryview(data)
         while view:
             view = view[os.write(dst_fd, view):]
+        if progress is not None:
+            progress(len(data))
         return hashlib.sha256(data).hexdigest(), len(data)
     chunk_bytes = max(mmap.ALLOCATIONGRANULARITY, chunk_bytes - chunk_bytes % mmap.ALLOCATIONGRANULARITY)
     h = hashlib.sha256()
@@ -384,6 +391,8 @@ def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CH
                 pending.result()
             pending = pool.submit(_hash_range, h, dst_fd, off, got)
             off += got
+            if progress is not None:
+                progress(got)
             if got < want:
                 break
         if pending is not None:
@@ -391,7 +400,8 @@ def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CH
     return h.hexdigest(), off
 
 
-def copy_only(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CHUNK) -> int:
+def copy_only(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CHUNK,
+              progress: Callable[[int], None] | None = None) -> int:
     """Copy ``size`` bytes in the kernel without hashing; returns bytes copied.
 
     Only for sources the caller trusts to hold exactly the pinned bytes (the root-owned shared
@@ -404,6 +414,8 @@ def copy_only(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CHUNK)
         got = _move(src_fd, dst_fd, off, want, use_cfr)
         _start_writeback(dst_fd, off, got)
         off += got
+        if progress is not None:
+            progress(got)
         if got < want:
             break
     return off

@@ -10,6 +10,8 @@ Tiers, from fastest to slowest:
 ``node-hit``        the node cache already held the entry (the prolog took a lease and linked it);
 ``cluster-hit``     the prolog copied it from the cluster cache to the node cache (verified);
 ``cluster-direct``  no prolog staging: the job reads the cluster cache snapshot directly (fallback);
+``node-staging``    a node stager is still copying it (slurm_bt/weights/node_stager.py): the job waits in
+                    DEPLOYING; ``progress`` has bytes done/total, rate and ETA (becomes ``cluster-hit``);
 ``miss``            (staging job only) fetched from the origin into the cluster cache.
 """
 
@@ -27,7 +29,7 @@ from slurm_bt.units import format_bytes
 if TYPE_CHECKING:
     from slurm_bt.records import SubmissionRecord
 
-__all__ = ["read_weights_status", "summary_lines", "weights_status", "write_node_status",
+__all__ = ["progress_text", "read_weights_status", "summary_lines", "weights_status", "write_node_status",
            "write_staging_status"]
 
 
@@ -111,6 +113,12 @@ def summary_lines(status: Mapping[str, Any]) -> list[str]:
         where = ", ".join(f"{tier} ({','.join(names)})" for tier, names in tiers.items())
         first = group[0][1]
         seconds = max(_num(e.get("seconds")) for _, e in group)
+        copying = [(node, p) for node, e in group
+                   if e.get("tier") == "node-staging" and isinstance(p := e.get("progress"), Mapping)]
+        if copying:
+            lines.append(f"weights: {first.get('source', '?')} {where} "
+                         + "; ".join(f"{node} {progress_text(p)}" for node, p in copying))
+            continue
         lines.append(f"weights: {first.get('source', '?')} {where} {format_bytes(_num(first.get('bytes')))} "
                      f"{seconds:.2f}s")
     if lines:
@@ -121,6 +129,19 @@ def summary_lines(status: Mapping[str, Any]) -> list[str]:
             lines.append(f"weights: {e.get('source', '?')} staging {e.get('tier', '?')} "
                          f"{format_bytes(_num(e.get('total_bytes')))} {_num(e.get('seconds')):.2f}s")
     return lines
+
+
+def progress_text(p: Mapping[str, Any]) -> str:
+    """``1.2 GiB/4.0 GiB (30%) 310.0 MiB/s ETA 9 s`` from a node stager's progress (fields type-checked)."""
+    done, total = _num(p.get("done_bytes")), _num(p.get("total_bytes"))
+    if not total:
+        return str(p.get("state", "starting"))[:20] if isinstance(p.get("state"), str) else "starting"
+    text = f"{format_bytes(done)}/{format_bytes(total)} ({100 * done / total:.0f}%)"
+    if _num(p.get("rate_bytes_s")) > 0:
+        text += f" {format_bytes(_num(p.get('rate_bytes_s')))}/s"
+    if isinstance(p.get("eta_s"), (int, float)):
+        text += f" ETA {_num(p.get('eta_s')):.0f} s"
+    return text
 
 
 def weights_status(record: SubmissionRecord | None) -> dict[str, Any] | None:

@@ -63,11 +63,15 @@ def job_weights_dir(node_cache: NodeCache | Path, job_id: str) -> Path:
     return CacheLayout(_root_of(node_cache)).jobs / validate_job_id(job_id)
 
 
-def link_job_weights(node_cache: NodeCache | Path, job_id: str, index: int, manifest: Manifest) -> Path:
+def link_job_weights(node_cache: NodeCache | Path, job_id: str, index: int, manifest: Manifest, *,
+                     pending: bool = False) -> Path:
     """Point ``<node_root>/jobs/<job_id>/w<index>`` at the staged snapshot of ``manifest``.
 
     Idempotent and atomic (a requeued job gets the link replaced in one ``rename``). The entry must
-    be complete on this node and should be leased to the job (:meth:`NodeCache.stage`).
+    be complete on this node and should be leased to the job (:meth:`NodeCache.stage`), unless
+    ``pending``: a node stager is still copying it (slurm_bt/weights/node_stager.py) and the link
+    points at where its snapshot will appear; the job's first step waits for it before anything
+    binds the link.
 
     Returns:
         The link path (what the container runtime binds at ``mount_location``).
@@ -82,7 +86,7 @@ def link_job_weights(node_cache: NodeCache | Path, job_id: str, index: int, mani
     entry = node_cache.layout if isinstance(node_cache, NodeCache) else CacheLayout(Path(node_cache))
     layout = CacheLayout(_root_of(node_cache))
     snap = entry.snapshot(manifest.manifest_id)
-    if not (entry.is_complete(manifest) and snap.is_dir()):
+    if not pending and not (entry.is_complete(manifest) and snap.is_dir()):
         raise StorageError(str(snap), f"weights {manifest.source} are not staged on this node")
     job_dir = job_weights_dir(layout.root, job_id)
     layout.jobs.mkdir(mode=0o755, exist_ok=True)

@@ -41,7 +41,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,12 +277,84 @@ class NodeCache:
                     self._remove_unreferenced([self._prefix + sha for sha in published])
             raise
 
+    # -- staging outside the prolog (slurm_bt/weights/node_stager.py) ------------------------------
+
+    def join(self, manifest: Manifest, job_id: str, *, authorize: Authorizer) -> bool:
+        """Lease ``manifest`` to ``job_id`` without copying; True when it is already ready (a hit).
+
+        For a miss the lease comes with the pending manifest (``leases/<id>/.manifest.json``) under
+        the ``evict`` lock, exactly as :meth:`stage` registers an in-progress copy, so eviction keeps
+        every blob the node stager has already published for it. The copy itself is the stager's
+        (:meth:`fill`); the job's first step waits for the snapshot.
+        """
+        validate_job_id(job_id)
+        authorize(manifest)
+        mid = manifest.manifest_id
+        self._ensure()
+        if self.is_ready(manifest):
+            self._add_lease(mid, job_id)
+            return True
+        with self._evict_lock():
+            lease_dir = self.layout.leases / mid
+            lease_dir.mkdir(exist_ok=True)
+            if not (lease_dir / _PENDING).exists():
+                write_file_atomic(lease_dir / _PENDING, manifest.canonical_json(), mode=0o444)
+            self._add_lease(mid, job_id)
+        return self.is_ready(manifest)  # a stager may have finished in between
+
+    def missing_bytes(self, manifest: Manifest) -> int:
+        """Bytes of ``manifest``'s blobs not yet on this node (what a resumed copy still has to move)."""
+        return sum(f.size for f in unique_blobs(manifest.files) if not blob_present(self.layout, f))
+
+    def fill(self, manifest: Manifest, cluster: Sequence[ClusterCache], *,
+             progress: Callable[[int], None] | None = None) -> Path:
+        """Copy what is missing of ``manifest`` and publish its snapshot; the node stager's work.
+
+        The caller holds the ``entry-<id>`` lock (single flight) and the waiting jobs hold the
+        leases (:meth:`join`). Blobs already published (by an earlier stager that was killed) are
+        kept, so a restarted copy resumes with what is missing. Nothing is published as an entry
+        until every blob is verified: the snapshot is renamed into place whole and the COMPLETE
+        marker comes after it. If ``progress`` raises (cancelled: no job waits any more), the copy
+        stops, this process's temp files are removed and the verified blobs stay for a later job.
+
+        Raises:
+            The same errors as :meth:`stage`, or whatever ``progress`` raised.
+        """
+        mid = manifest.manifest_id
+        self._ensure()
+        if self.is_ready(manifest):
+            return self.snapshot_path(manifest)
+        try:
+            missing = [f for f in unique_blobs(manifest.files) if not blob_present(self.layout, f)]
+            need = sum(f.size for f in missing)
+            self._make_room(need)
+            self._copy_all(missing, list(cluster), need, [], progress)
+            snap = build_snapshot(self.layout, manifest)
+            write_file_atomic(self.layout.manifest_file(mid), manifest.canonical_json(), mode=0o444)
+            with contextlib.suppress(OSError):
+                os.unlink(self.layout.leases / mid / _PENDING)
+            return snap
+        finally:
+            self._remove_own_temps()
+
+    def _remove_own_temps(self) -> None:
+        """Remove temp blobs this process left (a cancelled copy); dead writers' are :meth:`gc_temp`'s."""
+        from slurm_bt.weights.cache_layout import parse_tmp_name
+
+        me = os.getpid()
+        with contextlib.suppress(OSError), os.scandir(self.layout.tmp) as it:
+            for e in it:
+                owner = parse_tmp_name(e.name)
+                if owner is not None and owner[1] == me and e.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.unlink(e.path)
+
     def _copy_all(self, missing: list[ManifestFile], clusters: list[ClusterCache], need: int,
-                  published: list[str]) -> None:
+                  published: list[str], progress: Callable[[int], None] | None = None) -> None:
         order = sorted(missing, key=lambda f: -f.size)  # big first: better balance across workers
         errors: list[BaseException] = []
         with ThreadPoolExecutor(max_workers=self.copy_workers, thread_name_prefix="stage") as pool:
-            futures = {pool.submit(self._copy_blob, f, clusters, need): f for f in order}
+            futures = {pool.submit(self._copy_blob, f, clusters, need, progress): f for f in order}
             for fut, f in futures.items():
                 try:
                     if fut.result():
@@ -292,7 +364,8 @@ class NodeCache:
         if errors:
             raise errors[0]
 
-    def _copy_blob(self, f: ManifestFile, clusters: list[ClusterCache], need: int) -> bool:
+    def _copy_blob(self, f: ManifestFile, clusters: list[ClusterCache], need: int,
+                   progress: Callable[[int], None] | None = None) -> bool:
         first_error: CacheIntegrityError | None = None
         for c in clusters:
             try:
@@ -300,7 +373,7 @@ class NodeCache:
             except FileNotFoundError:
                 continue
             try:
-                return self._copy_from(src, f, need, c)
+                return self._copy_from(src, f, need, c, progress)
             except CacheIntegrityError as exc:
                 _log.error("rejected blob %s for %s from %s: %s", f.sha256, f.path, c.root, exc)
                 first_error = first_error or exc
@@ -311,7 +384,8 @@ class NodeCache:
         raise StorageError(f.sha256, f"blob for {f.path} is in no cluster cache "
                                      f"({', '.join(str(c.root) for c in clusters)}); stage the source first")
 
-    def _copy_from(self, src: int, f: ManifestFile, need: int, cluster: ClusterCache) -> bool:
+    def _copy_from(self, src: int, f: ManifestFile, need: int, cluster: ClusterCache,
+                   progress: Callable[[int], None] | None = None) -> bool:
         size = os.fstat(src).st_size
         src_uri = str(cluster.layout.blob(f.sha256))
         if size != f.size:
@@ -327,12 +401,12 @@ class NodeCache:
                     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                         raise
                 if cluster.trusted_copy:  # root-owned shared tier, verified at publish (site policy)
-                    actual, n = f.sha256, copy_only(src, dst, f.size)
+                    actual, n = f.sha256, copy_only(src, dst, f.size, progress=progress)
                 else:
-                    actual, n = copy_and_hash(src, dst, f.size)
+                    actual, n = copy_and_hash(src, dst, f.size, progress=progress)
                 if actual != f.sha256 or n != f.size:
                     raise CacheIntegrityError(src_uri, f.sha256, actual, f.size, n)
-            except OSError:
+            except BaseException:  # OSError, or the node stager's cancellation raised by progress()
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from slurm_bt.site.settings import SiteSettings
     from slurm_bt.weights.cluster_cache import ClusterCache
     from slurm_bt.weights.node_cache import NodeAudience, NodeCache
+    from slurm_bt.weights.node_stager import StagerPolicy
     from slurm_bt.weights.plan import WeightsPlan
 
 __all__ = [
@@ -211,8 +212,17 @@ def stage_for_job(
     team_gid: int | None = None,
     site: SiteSettings | None = None,
     log: Callable[[str], None] | None = None,
+    stager: StagerPolicy | None = None,
+    wait_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """The prolog's weights step on one node (as root); idempotent (a rerun or requeue hits).
+
+    With ``stager`` (the prolog always passes it) a node miss is not copied here: the entry is
+    leased to the job, a node stager copies it (:mod:`slurm_bt.weights.node_stager`, one per entry
+    on the node) and this waits at most ``wait_s`` (default ``stager.prolog_wait_s``) for it. An
+    entry not ready by then is recorded with tier ``node-staging`` and the key of its stager; the
+    job's first step waits for it (:func:`prepare_job_weights`). Without ``stager`` the copy runs
+    here, bounded by the caller (the behaviour before node stagers).
 
     Args:
         environ: the validated hook variables (``SlurmHookEnv.to_environ()``): ``SLURM_JOB_ID``,
@@ -270,6 +280,8 @@ def stage_for_job(
                                   f"{team!r} or the shared tier; only weights staged for your team are served")
 
     entries: list[dict[str, Any]] = []
+    waiting: list[tuple[dict[str, Any], NodeCache, Manifest]] = []
+    t_start = time.monotonic()
     for i, (w, raw) in enumerate(zip(spec.weights, manifests, strict=True)):
         try:
             m = Manifest.model_validate_json(raw)
@@ -281,16 +293,34 @@ def stage_for_job(
         public = _is_public(w, m, shared)
         node = public_node if public else team_node
         hit = node.is_ready(m)
-        node.stage(m, [shared, team_tier], job_id, authorize=authorize)
+        key = None
+        if stager is None or hit:
+            node.stage(m, [shared, team_tier], job_id, authorize=authorize)
+        elif not node.join(m, job_id, authorize=authorize):
+            key = _start_stager(node, m, stager, base=base, team=team, shared=shared, site=site)
         if not public and public_node.withdraw(m) and log is not None:  # left world-readable by older versions
             log(f"slurm-bt weights: withdrew {m.source}@{m.revision[:12]} from the node-wide layout "
                 f"(credentialed entries are team {team}'s only)")
-        link = link_job_weights(node, job_id, i, m)
+        link = link_job_weights(node, job_id, i, m, pending=key is not None)
         entry = {"index": i, "source": f"{m.source}@{m.revision[:12]}", "manifest_id": m.manifest_id,
                  "mount_location": w.mount_location, "tier": "node-hit" if hit else "cluster-hit",
                  "audience": "public" if public else f"team {team}",
                  "bytes": m.total_bytes, "seconds": round(time.monotonic() - t0, 4), "path": str(link)}
+        if key is not None:
+            entry.update(tier="node-staging", stager=key)
+            waiting.append((entry, node, m))
         entries.append(entry)
+    if waiting and stager is not None:
+        # A short wait keeps small misses looking as before (ready when the prolog ends).
+        limit = t_start + (stager.prolog_wait_s if wait_s is None else wait_s)
+        while waiting and time.monotonic() < limit:
+            time.sleep(0.2)
+            for item in list(waiting):
+                if item[1].is_ready(item[2]):
+                    item[0].update(tier="cluster-hit", seconds=round(time.monotonic() - t_start, 4))
+                    item[0].pop("stager", None)
+                    waiting.remove(item)
+    for entry in entries:
         if log is not None:
             log(_line(entry))
     job_dir = public_node.base.jobs / job_id
@@ -303,6 +333,21 @@ def stage_for_job(
     if job_gid >= 0:
         set_dir_owner_mode(job_dir, job_gid, 0o750)
     return entries
+
+
+def _start_stager(node: NodeCache, m: Manifest, policy: StagerPolicy, *, base: str, team: str,
+                  shared: ClusterCache, site: SiteSettings) -> str:
+    """Start (or join) the node stager of ``m``; returns its key (the job's first step waits on it)."""
+    from slurm_bt.weights.node_stager import spawn, stager_key
+
+    aud = node.audience
+    key = stager_key(m.manifest_id, aud.team if aud is not None else None)
+    request = {"manifest": m.canonical_json().decode(), "node_root": str(node.root),
+               "audience": {"team": aud.team, "gid": aud.gid} if aud is not None else None,
+               "cluster_base": str(base), "team": team, "shared_trusted": shared.trusted_copy,
+               "max_bytes": node.max_bytes, "reserve_bytes": node.reserve_bytes}
+    spawn(node.root, key, request, policy)
+    return key
 
 
 def _line(e: Mapping[str, Any]) -> str:
@@ -433,6 +478,8 @@ def prepare_job_weights(
     entries: list[dict[str, Any]]
     if record is not None and len(record) == len(spec.weights):
         entries = [dict(e, node=node) for e in record]
+        if any(e.get("tier") == "node-staging" for e in entries):
+            wait_for_node_copies(entries, node_root, job_id, ctx.job_dir, node, out)
         for e in entries:
             # the link lives in a root-owned dir; resolve it so bwrap binds the snapshot itself
             e["path"] = os.path.realpath(str(Path(node_root) / "jobs" / job_id / f"w{e['index']}"))
@@ -474,6 +521,90 @@ def prepare_job_weights(
     for e in entries:
         print(_line(e) + f" on {node}", file=out, flush=True)
     return PreparedWeights(env, bwrap_file, entries)
+
+
+def _progress_text(rec: Mapping[str, Any] | None) -> str:
+    from slurm_bt.weights.delivery_report import progress_text
+
+    return "starting" if rec is None else progress_text(rec)
+
+
+def wait_for_node_copies(entries: list[dict[str, Any]], node_root: str, job_id: str, job_dir: str, node: str,
+                         out: IO[str], *,
+                         poll_s: float = 1.0, log_every_s: float = 10.0) -> None:
+    """Step 1 (as the user): wait until every ``node-staging`` entry's snapshot is on this node.
+
+    The job is DEPLOYING meanwhile: the stager's progress (bytes done/total, rate, ETA) goes to the
+    job log every ``log_every_s`` and into ``<job_dir>/weights/status-<node>.json`` for ``slurm-bt
+    status``. The wait ends with the job's time limit at the latest; it fails the job at once when
+    the stager reports a failure or is gone (killed, its node rebooted): what it copied stays on the
+    node and the next job's stager resumes from there.
+
+    Raises:
+        WeightsJobError: the copy stopped before the snapshot was complete.
+    """
+    from slurm_bt.weights.delivery_report import write_node_status
+    from slurm_bt.weights.node_stager import STALE_AFTER_S, read_progress
+
+    t0 = time.monotonic()
+    next_log = t0
+    next_status = t0
+    gone_since: dict[str, float] = {}
+    pending = [e for e in entries if e.get("tier") == "node-staging"]
+    while pending:
+        now = time.monotonic()
+        for e in list(pending):
+            # The snapshot is renamed into place whole (cache_layout.build_snapshot): once the
+            # root-owned link resolves to a directory, every file is there and verified.
+            if os.path.isdir(Path(node_root) / "jobs" / job_id / f"w{e['index']}"):
+                e.update(tier="cluster-hit", seconds=round(float(e.get("seconds") or 0) + now - t0, 4))
+                for k in ("stager", "progress"):
+                    e.pop(k, None)
+                pending.remove(e)
+                continue
+            key = str(e.get("stager", ""))
+            rec = read_progress(node_root, key)
+            e["progress"] = {k: rec.get(k) for k in ("state", "done_bytes", "total_bytes", "rate_bytes_s", "eta_s")
+                             } if rec is not None else {"state": "starting"}
+            state = rec.get("state") if rec is not None else None
+            if state in ("failed", "cancelled"):
+                raise WeightsJobError(f"the node copy of {e.get('source')} on {node} stopped: "
+                                      f"{str(rec.get('message', ''))[:500] if rec else ''}; what was copied is "
+                                      "kept on the node, so a resubmitted job continues from there")
+            updated = rec.get("updated") if rec is not None else None
+            stale = not isinstance(updated, (int, float)) or time.time() - updated > STALE_AFTER_S
+            if state == "done" or stale or (rec is not None and not _writer_alive(rec)):
+                gone_since.setdefault(key, now)
+                if now - gone_since[key] > 5.0:  # the snapshot did not appear: the stager died
+                    raise WeightsJobError(f"the node copy of {e.get('source')} on {node} stopped (its stager is "
+                                          "gone); what was copied is kept on the node, so a resubmitted job "
+                                          "continues from there")
+            else:
+                gone_since.pop(key, None)
+        if not pending:
+            break
+        if now >= next_log:
+            for e in pending:
+                print(f"slurm-bt weights: waiting for the node copy of {e.get('source')} on {node}: "
+                      f"{_progress_text(read_progress(node_root, str(e.get('stager', ''))))}", file=out, flush=True)
+            next_log = now + log_every_s
+        if now >= next_status:
+            with contextlib.suppress(OSError):
+                write_node_status(job_dir, node, entries)
+            next_status = now + max(poll_s, 2.0)
+        time.sleep(poll_s)
+
+
+def _writer_alive(rec: Mapping[str, Any]) -> bool:
+    """The stager named by a progress record still runs (pid and start time match; /proc is readable)."""
+    from slurm_bt.weights.locks import process_start_time
+
+    pid = rec.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if not os.path.exists("/proc/1/stat"):  # /proc mounted with hidepid: only the heartbeat tells
+        return True
+    return process_start_time(pid) == rec.get("start_time")
 
 
 def _plan_bwrap(job_dir: str) -> str:

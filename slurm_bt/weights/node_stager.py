@@ -1,0 +1,338 @@
+"""The node stager: a root-owned, bounded process that copies one cluster entry into the node cache.
+
+Why not in the prolog: the prolog runs under Slurm's ``PrologEpilogTimeout`` and our own
+``deadline_s``; a node miss of hundreds of GB cannot fit without raising both (which also delays
+every node-failure detection). So the prolog (:func:`slurm_bt.weights.node_stage.stage_for_job`)
+only authorizes, leases the entry to the job (:meth:`NodeCache.join`) and starts this process
+(:func:`spawn`); the job's first step waits for the snapshot in DEPLOYING, printing this
+process's progress (:func:`read_progress`). docs/weights-cache.md §Node misses of any size.
+
+Properties (each is enforced here, not by convention):
+
+* **one per entry, single-flight across jobs**: the stager holds the node cache's
+  ``entry-<manifest_id>`` lock for the whole copy; a second stager for the same entry finds it busy
+  and exits at once, and the second job simply leases the entry and waits for the same snapshot;
+* **resumable after a crash**: blobs are published one by one (verified, fsynced, renamed); a
+  ``kill -9`` leaves those plus temp files the next stager proves dead (``gc_temp``), so the next
+  job's stager copies only what is missing (``resumed_bytes`` in its progress);
+* **its share ends with the job**: the waiting jobs hold leases (``leases/<id>/<job>``) that the
+  epilog drops; when no lease is left the copy stops, this process's temp files are removed and
+  nothing is published as an entry (the COMPLETE marker comes only after the whole snapshot);
+* **bounded**: ``nice`` 10, an address-space limit, a CPU-time limit and a wall clock that grow
+  with the entry's size (``min_rate`` bytes/s), a stall limit (no byte moved for ``stall_s``), and
+  an optional rate cap so a warming copy leaves disk bandwidth to the running jobs.
+
+Input: a root-owned request file (``<node_root>/stagers/<key>.json``, written by the prolog);
+output: ``<key>.progress`` beside it (root-owned, ``0644``; the directory is ``0711`` so only a job
+that was told the key can open it) and lines in the hook log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_bt.atomic import write_file_atomic
+from slurm_bt.trusted_files import read_trusted_file
+from slurm_bt.weights.locks import process_start_time
+from slurm_bt.weights.manifest import Manifest
+
+__all__ = ["STAGERS_DIR", "StagerPolicy", "live_stager", "main", "progress_path", "read_progress", "run", "spawn",
+           "stager_key"]
+
+STAGERS_DIR = "stagers"
+_MAX_REQUEST = 80 << 20  # a manifest is at most 64 MiB (node_stage._MAX_MANIFEST) plus a few fields
+_MAX_PROGRESS = 64 << 10
+#: A stager rewrites its progress every second; a record older than this names a dead stager.
+STALE_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class StagerPolicy:
+    """The bounds of node stagers (hook policy, slurm_bt/site/hook_settings.py ``weights_stage_*``).
+
+    Attributes:
+        prolog_wait_s: how long the prolog waits for a miss before leaving it to the stager (the
+            job then waits in its first step); small entries finish inside it as before.
+        rate_bytes_s: copy rate cap (0: none).
+        memory_bytes: address-space limit of the stager.
+        min_rate_bytes_s: the slowest copy tolerated: wall clock and CPU time allowed are
+            ``600 s + missing bytes / min_rate``.
+        stall_s: the copy stops when no byte moved for this long.
+        log_file: the hook log (the stager appends its lines there).
+    """
+
+    prolog_wait_s: float = 5.0
+    rate_bytes_s: int = 0
+    memory_bytes: int = 4 << 30
+    min_rate_bytes_s: int = 10 << 20
+    stall_s: float = 300.0
+    log_file: str = "/var/log/slurm-bt/hooks.log"
+
+    def time_limit_s(self, missing_bytes: int) -> float:
+        """Wall clock (and CPU seconds) allowed for copying ``missing_bytes``."""
+        return 600.0 + missing_bytes / max(1, self.min_rate_bytes_s)
+
+
+class Cancelled(Exception):
+    """No job waits for the entry any more (their leases are gone), or a bound was hit."""
+
+
+def stager_key(manifest_id: str, team: str | None) -> str:
+    """The file name stem of an entry's request and progress (``pub-<id>`` or ``team-<team>-<id>``)."""
+    return f"pub-{manifest_id}" if team is None else f"team-{team}-{manifest_id}"
+
+
+def progress_path(node_root: str | Path, key: str) -> Path:
+    """``<node_root>/stagers/<key>.progress``."""
+    return Path(node_root) / STAGERS_DIR / f"{key}.progress"
+
+
+def read_progress(node_root: str | Path, key: str) -> dict[str, Any] | None:
+    """The stager's progress record if root wrote it (anyone may call this; jobs do, as the user)."""
+    if "/" in key or key.startswith("."):
+        return None
+    raw = read_trusted_file(progress_path(node_root, key), max_bytes=_MAX_PROGRESS)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _alive(rec: Mapping[str, Any]) -> bool:
+    """The record's writer still runs (same pid and start time) and wrote recently."""
+    pid, start = rec.get("pid"), rec.get("start_time")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if process_start_time(pid) != start:
+        return False
+    updated = rec.get("updated")
+    return isinstance(updated, (int, float)) and time.time() - updated < STALE_AFTER_S
+
+
+def live_stager(node_root: str | Path, key: str) -> dict[str, Any] | None:
+    """The progress record of a stager of ``key`` that is still running, else None."""
+    rec = read_progress(node_root, key)
+    if rec is not None and rec.get("state") in ("starting", "running") and _alive(rec):
+        return rec
+    return None
+
+
+def _stagers_dir(node_root: Path) -> Path:
+    d = node_root / STAGERS_DIR
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(d, 0o711)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError(f"{d} is not a directory owned by uid {os.geteuid()}")
+    os.chmod(d, 0o711)  # noqa: S103 - traversable, not listable: a job opens its entry's progress by key
+    return d
+
+
+def spawn(node_root: Path, key: str, request: Mapping[str, Any], policy: StagerPolicy) -> int | None:
+    """Start a detached stager for ``key`` unless one is running; returns its pid (None: one runs).
+
+    Detached like the hand-off sweep (slurm_bt/checkpoints/handoff.py ``start_background_sweep``):
+    a new session (the prolog's process group may be killed when it ends), no inherited
+    descriptors (slurmd reads the prolog's output until EOF), output appended to the hook log.
+    """
+    if live_stager(node_root, key) is not None:
+        return None
+    d = _stagers_dir(node_root)
+    req = d / f"{key}.json"
+    write_file_atomic(req, json.dumps(dict(request, policy=policy.__dict__)).encode(), mode=0o600)
+    argv = [sys.executable, "-I", "-m", "slurm_bt.weights.node_stager", str(req)]
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+    out: int = subprocess.DEVNULL
+    with contextlib.suppress(OSError):
+        out = os.open(policy.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, close_fds=True, cwd="/")
+    finally:
+        if out != subprocess.DEVNULL:
+            os.close(out)
+    # A first record at once, so the job's first step never mistakes an older stager's final
+    # "failed"/"cancelled" for this one; the stager replaces it within a second.
+    _write_progress(d / f"{key}.progress", {"state": "starting", "pid": proc.pid,
+                                             "start_time": process_start_time(proc.pid), "updated": time.time()})
+    return proc.pid
+
+
+def _write_progress(path: Path, rec: Mapping[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        write_file_atomic(path, json.dumps(dict(rec)).encode(), mode=0o644)
+
+
+def _log(key: str, msg: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    print(f"{stamp} node-stager[{os.getpid()}] {key}: {msg}", flush=True)
+
+
+class _Tracker:
+    """Counts bytes, enforces the rate cap and the bounds, and publishes the progress record."""
+
+    def __init__(self, path: Path, total: int, present: int, policy: StagerPolicy, leased: Any) -> None:
+        self.path, self.total, self.policy, self.leased = path, total, policy, leased
+        self.resumed = present
+        self.done = present
+        self.copied = 0
+        self.t0 = time.monotonic()
+        self.last_move = self.t0
+        self.deadline = self.t0 + policy.time_limit_s(total - present)
+        self.reason: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._samples: list[tuple[float, int]] = [(self.t0, 0)]
+        self._thread = threading.Thread(target=self._run, name="stager-progress", daemon=True)
+
+    def add(self, n: int) -> None:
+        """``progress`` callback of the copy: may sleep (rate cap) or raise :class:`Cancelled`."""
+        if self.reason is not None:
+            raise Cancelled(self.reason)
+        with self._lock:
+            self.done += n
+            self.copied += n
+            copied = self.copied
+            self.last_move = time.monotonic()
+        if self.policy.rate_bytes_s > 0:
+            ahead = copied / self.policy.rate_bytes_s - (time.monotonic() - self.t0)
+            while ahead > 0 and self.reason is None:
+                time.sleep(min(ahead, 0.5))
+                ahead -= 0.5
+        if self.reason is not None:
+            raise Cancelled(self.reason)
+
+    def rate(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            self._samples.append((now, self.copied))
+            self._samples = [s for s in self._samples if now - s[0] <= 10.0] or self._samples[-1:]
+            t, c = self._samples[0]
+            return (self.copied - c) / (now - t) if now > t else 0.0
+
+    def record(self, state: str, message: str = "") -> dict[str, Any]:
+        rate = self.rate() if state == "running" else self.copied / max(1e-9, time.monotonic() - self.t0)
+        left = max(0, self.total - self.done)
+        pid = os.getpid()
+        return {"state": state, "pid": pid, "start_time": process_start_time(pid), "updated": time.time(),
+                "done_bytes": self.done, "total_bytes": self.total, "resumed_bytes": self.resumed,
+                "rate_bytes_s": round(rate, 1), "eta_s": round(left / rate, 1) if rate > 0 and left else None,
+                "message": message}
+
+    def _run(self) -> None:
+        empty = 0
+        while not self._stop.wait(1.0):
+            now = time.monotonic()
+            empty = 0 if self.leased() else empty + 1
+            if empty >= 2:  # twice in a row: a prolog adds its lease before it starts us
+                self.reason = "no job waits for this entry any more (cancelled or ended)"
+            elif now > self.deadline:
+                self.reason = f"exceeded its wall-clock limit of {self.deadline - self.t0:.0f} s"
+            elif now - self.last_move > self.policy.stall_s:
+                self.reason = f"no progress for {self.policy.stall_s:.0f} s"
+            _write_progress(self.path, self.record("running"))
+
+    def __enter__(self) -> _Tracker:
+        _write_progress(self.path, self.record("running"))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _limit(policy: StagerPolicy, missing: int) -> None:
+    """Bound this process: niceness, address space, CPU seconds (as for the hand-off children)."""
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    cpu = int(policy.time_limit_s(missing))
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (policy.memory_bytes, policy.memory_bytes))
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 30))
+
+
+def run(request_path: Path) -> int:
+    """Copy the requested entry; exit 0 when it is ready, already being copied, or nobody waits."""
+    from slurm_bt.errors import CacheLockTimeout
+    from slurm_bt.weights.cluster_cache import ClusterCache
+    from slurm_bt.weights.locks import LockOptions
+    from slurm_bt.weights.node_cache import NodeAudience, NodeCache
+
+    raw = read_trusted_file(request_path, max_bytes=_MAX_REQUEST)
+    if raw is None:
+        print(f"node-stager: {request_path}: not a root-owned request file", flush=True)
+        return 2
+    req = json.loads(raw)
+    key = request_path.name.removesuffix(".json")
+    policy = StagerPolicy(**req["policy"])
+    manifest = Manifest.model_validate_json(req["manifest"])
+    aud = req.get("audience")
+    node = NodeCache(Path(req["node_root"]), int(req["max_bytes"]), reserve_bytes=int(req["reserve_bytes"]),
+                     audience=NodeAudience(str(aud["team"]), int(aud["gid"])) if aud else None)
+    base = Path(req["cluster_base"])
+    shared = ClusterCache.shared(base)
+    shared.trusted_copy = bool(req.get("shared_trusted")) and shared.refused is None and shared.root.is_dir()
+    tiers = [c for c in (shared, ClusterCache.for_team(base, str(req["team"]))) if c.refused is None]
+    mid = manifest.manifest_id
+    path = request_path.with_name(f"{key}.progress")
+    try:
+        # Single flight: the lock is held for the whole copy; a busy lock means a live stager.
+        with node._lock(f"entry-{mid}", LockOptions(timeout_s=2.0)):
+            missing = node.missing_bytes(manifest)
+            _limit(policy, missing)
+            node.gc_temp()  # a killed stager's temp blobs (their writer is provably dead)
+            tracker = _Tracker(path, manifest.total_bytes, manifest.total_bytes - missing, policy,
+                               lambda: bool(node.leases(mid)))
+            _log(key, f"copying {missing} of {manifest.total_bytes} bytes of {manifest.source} "
+                      f"({tracker.resumed} already on the node)")
+            try:
+                with tracker:
+                    if not node.leases(mid):
+                        raise Cancelled("no job waits for this entry")
+                    node.fill(manifest, tiers, progress=tracker.add)
+            except Cancelled as exc:
+                _write_progress(path, tracker.record("cancelled", str(exc)))
+                _log(key, f"stopped: {exc}; {tracker.done} of {tracker.total} bytes kept for the next job")
+                return 0
+            except Exception as exc:  # reported to the waiting jobs; the hook log has the class
+                msg = " ".join(str(exc).split())[:1000]
+                _write_progress(path, tracker.record("failed", f"{type(exc).__name__}: {msg}"))
+                _log(key, f"failed: {type(exc).__name__}: {msg}")
+                return 1
+            _write_progress(path, tracker.record("done"))
+            _log(key, f"done: {tracker.copied} bytes copied in {time.monotonic() - tracker.t0:.1f} s")
+            return 0
+    except CacheLockTimeout:
+        _log(key, "another stager holds this entry; leaving it the copy")
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -I -m slurm_bt.weights.node_stager REQUEST_JSON`` (root; started by the prolog)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or os.geteuid() != 0:
+        print("usage (as root): python -m slurm_bt.weights.node_stager REQUEST_JSON", file=sys.stderr)
+        return 2
+    os.umask(0o022)
+    return run(Path(args[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

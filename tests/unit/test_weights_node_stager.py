@@ -1,0 +1,183 @@
+"""Node misses outside the prolog's clock (slurm_bt/weights/node_stager.py), in-process hooks as root.
+
+The hook policy caps the stager's rate (``weights_stage_rate_mib_s``) and sets the prolog's wait to 0
+so a 4 MiB entry takes seconds to copy: long enough to watch it, cancel it and kill it mid-copy.
+Real jobs on the dev cluster: tests/integration/test_weights_node_stager.py.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_bt.weights.cache_layout import CacheLayout
+from slurm_bt.weights.manifest import Manifest
+from slurm_bt.weights.node_stage import read_node_record, wait_for_node_copies
+from slurm_bt.weights.node_stager import read_progress
+from tests.unit import test_hooks_prolog as _hooks_tests
+from tests.unit import test_hooks_prolog_weights as _w
+from tests.unit.test_cache_support import random_bytes
+from tests.unit.test_hooks_prolog import Site, as_user, job_env, run
+
+site = _hooks_tests.site
+fake_flush = _hooks_tests.fake_flush
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="hooks run as root")
+
+FILES = {f"model-{i}.safetensors": random_bytes(1 << 20, 40 + i) for i in range(4)} | {"config.json": b"{}"}
+
+
+def _slow_site(site: Site, rate_mib_s: float = 1.0) -> Path:
+    node_root = _w._weights_site(site)
+    site.hooks.write_text(site.hooks.read_text().replace(
+        "scratch_min_free_mib = 0\n",
+        f"scratch_min_free_mib = 0\nweights_prolog_wait_s = 0\nweights_stage_rate_mib_s = {rate_mib_s}\n"))
+    return node_root
+
+
+def _entry(site: Site, name: str) -> Manifest:
+    from slurm_bt.weights.cluster_cache import ClusterCache
+    from tests.unit.test_cache_support import DirFetcher, allow, make_manifest, write_origin
+
+    origin = site.base / f"origin-{name}"
+    write_origin(origin, FILES)
+    m = make_manifest(FILES, source=f"hf://org/{name}")
+    (site.base / "shared" / "weights" / "teams").mkdir(parents=True, exist_ok=True)
+    tier = ClusterCache.for_team(site.base / "shared" / "weights", "btteam1")
+    tier.ensure(m, DirFetcher(origin), authorize=allow)
+    import grp
+
+    os.chown(tier.root, 0, grp.getgrnam("btteam1").gr_gid)
+    os.chmod(tier.root, 0o3770)
+    return m
+
+
+def _prolog(site: Site, m: Manifest, name: str, job: str) -> tuple[Path, float]:
+    work = _w._weights_job(site, "btu1", m, name, f"w{job}")
+    t0 = time.monotonic()
+    assert run(site, "prolog", job_env(site, "btu1", job, work)) == 0
+    return work, time.monotonic() - t0
+
+
+def _record(node_root: Path, job: str) -> list[dict[str, Any]]:
+    rec = read_node_record(node_root, job)
+    assert rec is not None
+    return rec
+
+
+def _wait_until(pred: Any, timeout_s: float = 20.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _stager_lines(site: Site, key: str, word: str) -> int:
+    log = site.base / "log" / "hooks.log"
+    return sum(1 for line in log.read_text().splitlines() if "node-stager" in line and key in line and word in line)
+
+
+def _epilog(site: Site, job: str, work: Path) -> None:
+    assert run(site, "epilog", job_env(site, "btu1", job, work, SLURM_SCRIPT_CONTEXT="epilog_slurmd")) == 0
+
+
+def test_miss_is_copied_outside_the_prolog_and_step1_waits_with_progress(site: Site) -> None:
+    node_root = _slow_site(site)
+    m = _entry(site, "big1")
+    work, took = _prolog(site, m, "big1", "41")
+    assert took < 3.0  # the copy takes ~4 s at 1 MiB/s: the prolog did not wait for it
+    rec = _record(node_root, "41")
+    assert rec[0]["tier"] == "node-staging" and rec[0]["stager"] == f"pub-{m.manifest_id}"
+    key = rec[0]["stager"]
+    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "running", 5)
+    mid_copy = read_progress(node_root, key) or {}
+    assert mid_copy["total_bytes"] == m.total_bytes and mid_copy["done_bytes"] < m.total_bytes
+
+    def step1() -> tuple[list[dict[str, Any]], str]:
+        out = io.StringIO()
+        entries = [dict(e) for e in _record(node_root, "41")]
+        wait_for_node_copies(entries, str(node_root), "41", str(work), "n1", out, poll_s=0.2, log_every_s=1.0)
+        return entries, out.getvalue()
+
+    result = as_user("btu1", step1)
+    assert isinstance(result, list | tuple)
+    entries, log = result
+    assert entries[0]["tier"] == "cluster-hit" and "stager" not in entries[0]
+    assert "waiting for the node copy of hf://org/big1" in log and "MiB/s" in log and "ETA" in log, log
+    snap = node_root / "jobs" / "41" / "w0"
+    for p, b in FILES.items():
+        assert (snap / p).read_bytes() == b
+    assert (read_progress(node_root, key) or {}).get("state") == "done"
+    _epilog(site, "41", work)
+
+
+def test_two_jobs_share_one_copy(site: Site) -> None:
+    node_root = _slow_site(site)
+    m = _entry(site, "big2")
+    w1, _ = _prolog(site, m, "big2", "51")
+    w2, _ = _prolog(site, m, "big2", "52")
+    key = f"pub-{m.manifest_id}"
+    assert _record(node_root, "52")[0]["stager"] == key
+    assert sorted(os.listdir(node_root / "leases" / m.manifest_id)) == [".manifest.json", "51", "52"]
+    assert _wait_until(lambda: (node_root / "snapshots" / m.manifest_id).is_dir(), 20)
+    assert _wait_until(lambda: _stager_lines(site, key, "done:") == 1, 5)
+    assert _stager_lines(site, key, "copying") == 1  # the second job started no second copy
+    for job, work in (("51", w1), ("52", w2)):
+        _epilog(site, job, work)
+
+
+def test_cancelled_job_stops_its_copy_and_publishes_nothing(site: Site) -> None:
+    node_root = _slow_site(site)
+    m = _entry(site, "big3")
+    work, _ = _prolog(site, m, "big3", "61")
+    key = f"pub-{m.manifest_id}"
+    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "running", 5)
+    _epilog(site, "61", work)  # the job ended while waiting: its lease goes
+    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "cancelled", 6)
+    assert not (node_root / "snapshots" / m.manifest_id).exists()
+    assert not CacheLayout(node_root).manifest_file(m.manifest_id).exists()
+    assert _wait_until(lambda: os.listdir(node_root / ".tmp") == [], 3), os.listdir(node_root / ".tmp")
+    rec = read_progress(node_root, key) or {}
+    assert rec["done_bytes"] < m.total_bytes
+
+
+def test_killed_stager_resumes_on_the_next_job(site: Site) -> None:
+    node_root = _slow_site(site)
+    m = _entry(site, "big4")
+    work, _ = _prolog(site, m, "big4", "71")
+    key = f"pub-{m.manifest_id}"
+    assert _wait_until(lambda: ((read_progress(node_root, key) or {}).get("done_bytes") or 0) >= 2 << 20, 10)
+    pid = (read_progress(node_root, key) or {})["pid"]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.3)
+
+    def step1() -> str:
+        try:
+            wait_for_node_copies([dict(e) for e in _record(node_root, "71")], str(node_root), "71", str(work), "n1",
+                                 io.StringIO(), poll_s=0.2)
+        except Exception as exc:
+            return str(exc)
+        return "no error"
+
+    err = as_user("btu1", step1)
+    assert isinstance(err, str) and "stager is gone" in err and "continues from there" in err, err
+    _epilog(site, "71", work)
+    kept = sum(e.stat().st_size for e in os.scandir(node_root / "blobs") if not e.name.startswith("."))
+    assert kept >= 1 << 20  # verified blobs published before the kill stay (not an entry: no snapshot)
+    assert not (node_root / "snapshots" / m.manifest_id).exists()
+    work2, _ = _prolog(site, m, "big4", "72")
+    assert _wait_until(lambda: (node_root / "snapshots" / m.manifest_id).is_dir(), 20)
+    rec = read_progress(node_root, key) or {}
+    assert rec["state"] == "done" and rec["resumed_bytes"] == kept, rec
+    for p, b in FILES.items():
+        assert (node_root / "jobs" / "72" / "w0" / p).read_bytes() == b
+    _epilog(site, "72", work2)
+    assert CacheLayout(node_root).is_complete(m)
