@@ -84,7 +84,7 @@ def _degraded_exit(error: Exception | None) -> None:
 def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s: float, as_json: bool,
                   limit: int | None = None) -> list[dict[str, Any]]:
     from slurm_bt.jobs.lifecycle import query_statuses, wait_for_jobs
-    from slurm_bt.weights.delivery_report import weights_status
+    from slurm_bt.weights.delivery_report import weights_status, with_node_copy_state
 
     records = load_records(job_ids, project, everything=limit is not None)
     if project is not None or limit is not None:
@@ -105,7 +105,7 @@ def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s
         report = query_statuses(client, job_ids, records=records)
     for warning in report.warnings:
         warn(warning)
-    rows = [{**st.as_dict(), "weights": weights_status(st.record)} for st in report.statuses]
+    rows = [with_node_copy_state({**st.as_dict(), "weights": weights_status(st.record)}) for st in report.statuses]
     if as_json or not wait:
         _emit(rows, as_json)
     _degraded_exit(report.error)

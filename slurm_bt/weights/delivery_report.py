@@ -29,8 +29,8 @@ from slurm_bt.units import format_bytes
 if TYPE_CHECKING:
     from slurm_bt.records import SubmissionRecord
 
-__all__ = ["progress_text", "read_weights_status", "summary_lines", "weights_status", "write_node_status",
-           "write_staging_status"]
+__all__ = ["copying_nodes", "progress_text", "read_weights_status", "summary_lines", "weights_status",
+           "with_node_copy_state", "write_node_status", "write_staging_status"]
 
 
 
@@ -142,6 +142,29 @@ def progress_text(p: Mapping[str, Any]) -> str:
     if isinstance(p.get("eta_s"), (int, float)):
         text += f" ETA {_num(p.get('eta_s')):.0f} s"
     return text
+
+
+def copying_nodes(status: Mapping[str, Any] | None) -> list[str]:
+    """Nodes where a node stager is still copying one of the job's sources (tier ``node-staging``)."""
+    nodes = status.get("nodes") if isinstance(status, Mapping) else None
+    if not isinstance(nodes, Mapping):
+        return []
+    return sorted(str(node) for node, entries in nodes.items() if isinstance(entries, list) and any(
+        isinstance(e, Mapping) and e.get("tier") == "node-staging" for e in entries))
+
+
+def with_node_copy_state(row: dict[str, Any]) -> dict[str, Any]:
+    """A RUNNING row whose first step still waits for a node copy is DEPLOYING (its GPUs wait too).
+
+    Slurm sees the job running (the prolog ended); the job's own status file says step 1 is waiting
+    for the node stager (slurm_bt/weights/node_stage.py ``wait_for_node_copies``). Only while the
+    file says so: step 1 rewrites it once the copy is done.
+    """
+    waiting = copying_nodes(row.get("weights"))
+    if waiting and row.get("current_status") == "TRAINING_JOB_RUNNING":
+        row["current_status"] = "TRAINING_JOB_DEPLOYING"
+        row["detail"] = f"{row.get('detail') or ''}; copying weights to {','.join(waiting)}".lstrip("; ")
+    return row
 
 
 def weights_status(record: SubmissionRecord | None) -> dict[str, Any] | None:
