@@ -25,6 +25,8 @@ from slurm_bt.errors import SlurmCommandError
 from slurm_bt.slurm.release import FEATURES, SlurmRelease, feature, features_in_use, parse_release, slurm_release
 
 if TYPE_CHECKING:
+    from slurm_bt.site.hook_settings import HookSettings
+    from slurm_bt.site.settings import SiteSettings
     from slurm_bt.slurm.client import SlurmClient
 
 __all__ = ["HANDOFF_UNIT", "Check", "admin_group", "doctor_checks", "release_checks", "render_handoff_units",
@@ -356,6 +358,21 @@ def release_checks(release: SlurmRelease | None, conf: dict[str, str],
     return out
 
 
+def _node_weights_bounds_check(node: str, site: SiteSettings, settings: HookSettings) -> Check:
+    """What still bounds a node miss on ``node`` (slurm_bt/weights/node_stager.py ``node_bounds``)."""
+    from slurm_bt.site.settings import expand_path
+    from slurm_bt.weights.node_stager import node_bounds, policy_from_settings
+
+    root = expand_path(site.storage.node_cache, user="root", uid=0, home="/root", node=node)
+    if not os.path.isdir(root):
+        return Check(f"node weights cache bounds on {node}", True, f"{root} not created yet (the first job "
+                     "with weights creates it)", info=True)
+    ok, line = node_bounds(root, site.weights.node_cache_max_bytes, site.weights.node_cache_reserve_bytes,
+                           policy_from_settings(settings))
+    return Check(f"node weights cache bounds on {node}", ok, line,
+                 "" if ok else "free space on the node-local disk or raise weights.node_cache_max_bytes", info=ok)
+
+
 def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None) -> list[Check]:
     """Run every check for this host's ``nodes``; see the module docstring."""
     from slurm_bt.posix.job_notes import STATE_ROOT
@@ -450,6 +467,7 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
                                     f"checkpoints that were not confirmed uploaded: {handoff}",
                                     "upload or archive them, then remove the job dirs and records", warn=True))
         checks.append(_handoff_area_check(node, site.storage.model_dump()))
+        checks.append(_node_weights_bounds_check(node, site, settings))
         from slurm_bt.checkpoints.handoff import quarantined_handoffs  # hand-offs that failed max_failures times
 
         if quarantined := quarantined_handoffs(site.storage.model_dump(), node):

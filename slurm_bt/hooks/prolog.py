@@ -32,7 +32,7 @@ import errno
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -49,9 +49,6 @@ from slurm_bt.posix.safefs import UnsafeEntry, UntrustedPath, ensure_dir_at, ope
 from slurm_bt.posix.teams import Team, TeamError, resolve_team
 from slurm_bt.site.settings import expand_path
 from slurm_bt.weights.tier_dirs import STAGING_COMMENT_PREFIX, provision_cluster_tiers
-
-if TYPE_CHECKING:
-    from slurm_bt.weights.node_stager import StagerPolicy
 
 __all__ = ["COMMENT_PREFIX", "main", "prolog_body", "read_job_spec_as_user", "stage_weights"]
 
@@ -312,18 +309,6 @@ def _node_cache_healthy(root: str) -> bool:
     return True
 
 
-def _stager_policy(ctx: HookContext) -> StagerPolicy:
-    """The node stagers' bounds from the hook policy (slurm_bt/site/hook_settings.py)."""
-    from slurm_bt.weights.node_stager import StagerPolicy
-
-    st = ctx.settings
-    return StagerPolicy(prolog_wait_s=st.weights_prolog_wait_s,
-                        rate_bytes_s=int(st.weights_stage_rate_mib_s * (1 << 20)),
-                        memory_bytes=st.weights_stage_memory_mib << 20,
-                        min_rate_bytes_s=max(1, int(st.weights_stage_min_rate_mib_s * (1 << 20))),
-                        stall_s=st.weights_stage_stall_s, log_file=st.log_file)
-
-
 def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, root: str,
                  team_gid: int | None = None, budget: float | None = None) -> dict[str, Any]:
     """Run in a forked root child: stage the job's weights, return a JSON-able, classified outcome.
@@ -345,7 +330,9 @@ def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, roo
     try:
         # A node miss is copied by a node stager outside this hook's clock (docs/weights-cache.md
         # §Node misses of any size); this only waits briefly, well inside the child's budget.
-        policy = _stager_policy(ctx)
+        from slurm_bt.weights.node_stager import policy_from_settings
+
+        policy = policy_from_settings(ctx.settings)
         wait_s = min(policy.prolog_wait_s, max(0.0, (budget or policy.prolog_wait_s + 5) - 5.0))
         entries = stage_for_job(ctx.env.to_environ(), spec, raw, team=team, team_gid=team_gid, site=ctx.site,
                                 log=lines.append, stager=policy, wait_s=wait_s)

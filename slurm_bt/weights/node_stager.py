@@ -41,15 +41,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.trusted_files import read_trusted_file
 from slurm_bt.weights.locks import process_start_time
 from slurm_bt.weights.manifest import Manifest
 
-__all__ = ["STAGERS_DIR", "StagerPolicy", "live_stager", "main", "progress_path", "read_progress", "run", "spawn",
-           "stager_key"]
+if TYPE_CHECKING:
+    from slurm_bt.site.hook_settings import HookSettings
+
+__all__ = ["STAGERS_DIR", "StagerPolicy", "live_stager", "main", "node_bounds", "policy_from_settings",
+           "progress_path", "read_progress", "run", "spawn", "stager_key"]
 
 STAGERS_DIR = "stagers"
 _MAX_REQUEST = 80 << 20  # a manifest is at most 64 MiB (node_stage._MAX_MANIFEST) plus a few fields
@@ -83,6 +86,15 @@ class StagerPolicy:
     def time_limit_s(self, missing_bytes: int) -> float:
         """Wall clock (and CPU seconds) allowed for copying ``missing_bytes``."""
         return 600.0 + missing_bytes / max(1, self.min_rate_bytes_s)
+
+
+def policy_from_settings(st: HookSettings) -> StagerPolicy:
+    """The node stagers' bounds from the hook policy (``weights_stage_*``, ``weights_prolog_wait_s``)."""
+    return StagerPolicy(prolog_wait_s=st.weights_prolog_wait_s,
+                        rate_bytes_s=int(st.weights_stage_rate_mib_s * (1 << 20)),
+                        memory_bytes=st.weights_stage_memory_mib << 20,
+                        min_rate_bytes_s=max(1, int(st.weights_stage_min_rate_mib_s * (1 << 20))),
+                        stall_s=st.weights_stage_stall_s, log_file=st.log_file)
 
 
 class Cancelled(Exception):
@@ -322,6 +334,32 @@ def run(request_path: Path) -> int:
     except CacheLockTimeout:
         _log(key, "another stager holds this entry; leaving it the copy")
         return 0
+
+
+def node_bounds(node_root: str, max_bytes: int, reserve_bytes: int, policy: StagerPolicy) -> tuple[bool, str]:
+    """``admin doctor``: the bounds that remain for a node miss (ok, one line); no admin setting grows
+    with the model, so this names capacity and free space, and how long a copy may take."""
+    from slurm_bt.units import format_bytes
+
+    try:
+        vfs = os.statvfs(node_root)
+    except OSError as exc:
+        return False, f"{node_root}: {exc.strerror}"
+    free = max(0, vfs.f_bavail * vfs.f_frsize - reserve_bytes)
+    used = 0
+    with contextlib.suppress(OSError):
+        from slurm_bt.weights.node_cache import NodeCache
+
+        used = NodeCache(Path(node_root), max_bytes, reserve_bytes=reserve_bytes).usage_bytes()
+    largest = min(max_bytes, free + used)
+    rate = f", capped at {format_bytes(policy.rate_bytes_s)}/s" if policy.rate_bytes_s else ""
+    line = (f"largest entry this node can take: {format_bytes(largest)} (node_cache_max_bytes "
+            f"{format_bytes(max_bytes)}, {format_bytes(free)} free after node_cache_reserve_bytes, "
+            f"{format_bytes(used)} held, evictable unless leased); bigger entries fail the job (node cache full). "
+            f"Misses are copied outside the prolog by a node stager (the prolog waits {policy.prolog_wait_s:.0f} s): "
+            f"a copy may take 600 s + size / {format_bytes(policy.min_rate_bytes_s)}/s (1 TB: "
+            f"{policy.time_limit_s(10**12) / 3600:.1f} h){rate}, stops after {policy.stall_s:.0f} s without progress")
+    return largest >= 1 << 30, line
 
 
 def main(argv: list[str] | None = None) -> int:

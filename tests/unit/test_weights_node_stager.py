@@ -197,3 +197,15 @@ def test_status_shows_deploying_with_progress_while_step1_waits() -> None:
     done = {"staging": [], "nodes": {"n1": [dict(waiting["nodes"]["n1"][0], tier="cluster-hit")]}}
     row = with_node_copy_state({"current_status": "TRAINING_JOB_RUNNING", "detail": "RUNNING", "weights": done})
     assert row["current_status"] == "TRAINING_JOB_RUNNING"
+
+
+def test_doctor_names_the_bounds_that_remain(tmp_path: Path) -> None:
+    from slurm_bt.site.hook_settings import HookSettings
+    from slurm_bt.weights.node_stager import node_bounds, policy_from_settings
+
+    policy = policy_from_settings(HookSettings(weights_stage_rate_mib_s=100))
+    ok, line = node_bounds(str(tmp_path), 200 << 30, 1 << 30, policy)
+    assert ok and "largest entry this node can take" in line and "node_cache_max_bytes 200.0 GiB" in line
+    assert "1 TB: 26.7 h" in line and "capped at 100.0 MiB/s" in line
+    ok, line = node_bounds(str(tmp_path), 1 << 20, 0, policy)
+    assert not ok and "largest entry this node can take: 1.0 MiB" in line
