@@ -355,11 +355,13 @@ def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, roo
 def stage_weights(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, object]:
     """Copy the job's declared weights into this node's cache and link them for the job.
 
-    The copy runs in a forked root child bounded by what is left of the hook's deadline (minus
-    :data:`WEIGHTS_RESERVE_S`): a big model that does not fit fails *the job* with a reason saying
-    so, instead of letting the deadline drain the node. Blobs published before the child was killed
-    stay in the node cache, so a resubmitted job continues the copy. Only an unusable node cache
-    (missing or unsafe parent, read-only, ``EIO`` confirmed by a probe write) is a node fault.
+    The work runs in a forked root child bounded by what is left of the hook's deadline (minus
+    :data:`WEIGHTS_RESERVE_S`). A node miss is not copied there: the child leases the entry, starts
+    its node stager and waits at most ``weights_prolog_wait_s``; the job's first step waits for the
+    rest (docs/weights-cache.md §3.1), so the model's size never meets the deadline. A child that
+    still overruns (a hung cluster filesystem) fails *the job* with a reason, never the node. Only an
+    unusable node cache (missing or unsafe parent, read-only, ``EIO`` confirmed by a probe write) is a
+    node fault.
 
     Returns:
         The record fields (``weights``: source and tier per declared source).
@@ -384,8 +386,8 @@ def stage_weights(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, obje
         raise HookUserError(
             f"copying this job's weights into the node cache on {env.node} did not finish within {budget:.0f} s "
             f"(the slurm-bt prolog's limit, deadline_s={ctx.settings.deadline_s:.0f}); what was copied is kept, so a "
-            "resubmitted job continues from there; for models this large an admin can raise deadline_s in "
-            "hooks.toml together with PrologEpilogTimeout") from None
+            "resubmitted job continues from there; the node copy itself runs outside the prolog, so this points at "
+            "a slow or hung cluster cache filesystem (an admin can check the hook log)") from None
     except ChildError as exc:
         ctx.log.error(f"weights staging child failed: {exc.kind}: {exc.exc_type} {exc}")
         raise HookUserError(f"internal error while staging weights on {env.node} ({exc.exc_type or exc.kind}); an "
