@@ -142,6 +142,10 @@ def test_node_failure_requeues_and_resumes_on_the_other_node(users: dict[str, ob
     try:
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=down",
                         "reason=slurm-bt long-run test"], check=True)
+        # ReturnToService=2 (the dev cluster) returns a DOWN node at its next slurmd contact, at once:
+        # drained, it takes no new job until the finally below, so the second run must go elsewhere.
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain",
+                        "reason=slurm-bt long-run test"], check=True)
         _wait_until(lambda: _state(job) != "RUNNING", 60, "the job to leave the node")
         # Kept down until the requeued run has started elsewhere (after the ~2 min BeginTime).
         _wait_until(lambda: _state(job) == "RUNNING", 300, "the second run")
