@@ -86,6 +86,12 @@ class Decision:
     exit: int
     message: str
 
+    @property
+    def wait_for_slurm(self) -> bool:
+        """A run that ends for a time limit or a preemption without a requeue is left for Slurm to end,
+        so its state says so (``TIMEOUT``, ``PREEMPTED``) rather than ``FAILED``."""
+        return self.action == "fail" and self.cause in {"time limit", "preempted"}
+
 
 def log_path(job_dir: str | os.PathLike[str], job_id: str) -> Path:
     """Where a job's restart log lives (the user's own workspace)."""
@@ -140,7 +146,7 @@ def cause_of_run(run: int, state: str, log: Sequence[RestartEntry]) -> str:
 
 
 def decide(*, rc: int, stopped: bool, preempted: bool, restarts: int, failures: int,
-           max_restarts: int, retry_on_failure: int) -> Decision:
+           max_restarts: int, retry_on_failure: int, resumable: bool = True) -> Decision:
     """The restart policy (see the module docstring); pure.
 
     Args:
@@ -151,10 +157,17 @@ def decide(*, rc: int, stopped: bool, preempted: bool, restarts: int, failures: 
         failures: earlier runs that ended as ``failed`` and were retried (from the log).
         max_restarts: cap on requeues for time limit, preemption and node failure.
         retry_on_failure: cap on requeues after an application error.
+        resumable: the job checkpoints (or its config set ``BT_MAX_RESTARTS`` itself). A time limit
+            does not requeue a job that cannot resume: the next run would start over and meet the
+            same limit at the same place. A preemption still does: the next run may finish.
     """
     if preempted or stopped:
         cause: Cause = "preempted" if preempted else "time limit"
         used = restarts - failures
+        if cause == "time limit" and not resumable:
+            return Decision("fail", cause, rc or 1,
+                            "time limit: not requeued: the job saves no checkpoints (checkpointing_config is "
+                            "off), so a new run would start over; set BT_MAX_RESTARTS to requeue it anyway")
         if used < max_restarts:
             return Decision("requeue", cause, 0, f"{cause}: requeued (restart {used + 1} of {max_restarts}); "
                                                  "the next run resumes from the newest checkpoint")

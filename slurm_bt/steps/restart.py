@@ -142,9 +142,10 @@ def _after(spec: JobSpec, client: SlurmClient, job_id: str, rc: int, stopped: bo
         _log(f"cannot ask slurmctld whether the job is being preempted ({exc}); assuming not")
         preempted = False
     runs = _restart_count()
+    resumable = spec.checkpointing.enabled or any(k == "BT_MAX_RESTARTS" for k, _ in spec.env)
     decision = decide(rc=rc, stopped=stopped, preempted=preempted, restarts=runs,
                       failures=_failures(spec, job_id), max_restarts=policy.max_restarts,
-                      retry_on_failure=policy.retry_on_failure)
+                      retry_on_failure=policy.retry_on_failure, resumable=resumable)
     _log(decision.message)
     if decision.action == "complete":
         return 0
@@ -154,6 +155,11 @@ def _after(spec: JobSpec, client: SlurmClient, job_id: str, rc: int, stopped: bo
                          RestartEntry(run=runs, cause=decision.cause, exit=rc, at=round(time.time())))
         except OSError as exc:
             _log(f"cannot record the restart cause ({exc}); `slurm-bt status` shows Slurm's state instead")
+    if decision.wait_for_slurm:
+        # Slurm ends the run within the grace time (the time limit, or the preemption's GraceTime):
+        # its state then reads TIMEOUT / PREEMPTED, which is what happened, instead of FAILED.
+        _log("waiting for Slurm to end the run")
+        time.sleep(policy.stop_grace_s + 120)
     if decision.action == "fail":
         return decision.exit
     try:

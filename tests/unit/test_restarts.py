@@ -145,3 +145,15 @@ def test_expedited_requeue_where_slurm_offers_it(release: str, config: str, want
     assert expedite_args(client, True, ["--no-requeue"]) == []
     if release.startswith("22"):
         assert all(c[1:] == ["--version"] for c in runner.calls), "no show config on an old release"
+
+
+def test_a_job_that_cannot_resume_is_not_requeued_for_a_time_limit() -> None:
+    d = decide(rc=143, stopped=True, preempted=False, restarts=0, failures=0, max_restarts=3,
+               retry_on_failure=0, resumable=False)
+    assert d.action == "fail" and d.cause == "time limit" and d.wait_for_slurm
+    # a preemption still requeues it: the next run may finish
+    d = decide(rc=0, stopped=False, preempted=True, restarts=0, failures=0, max_restarts=3,
+               retry_on_failure=0, resumable=False)
+    assert d.action == "requeue"
+    d = decide(rc=3, stopped=False, preempted=False, restarts=0, failures=0, max_restarts=3, retry_on_failure=0)
+    assert not d.wait_for_slurm  # an application error fails at once, as FAILED
