@@ -121,6 +121,10 @@ def render_batch_script(spec: JobSpec) -> str:
     lines += [
         "",
         "set -euo pipefail",
+        # First thing: Slurm's --signal=B:USR2 warning may come within the first second of a short run,
+        # and an untrapped USR2 kills the batch shell (docs/long-runs.md).
+        "bt_stop_asked=0",
+        "trap 'bt_stop_asked=1' USR2",
         "umask 0077",
         f"export PATH={shq(_BASE_PATH)}",
         "",
@@ -205,10 +209,11 @@ def render_batch_script(spec: JobSpec) -> str:
 
 # -- long runs (docs/long-runs.md): stop before the end, requeue by cause.
 def _restart_lines(spec: JobSpec, python: str) -> list[str]:
-    """Before step 1: the restart cap, the stop-signal trap and the time-limit watcher.
+    """Before step 1: the restart cap and the time-limit watcher.
 
-    The trap only sets a flag: bash runs it when ``wait`` returns, and the supervising loop
-    (:func:`_supervise_lines`) asks ``restart stop`` whether the warning is real.
+    The USR2 trap (set first thing in the script) only sets a flag: bash runs it when ``wait``
+    returns, and the supervising loop (:func:`_supervise_lines`) asks ``restart stop`` whether the
+    warning is real.
     """
     return [
         "",
@@ -218,8 +223,6 @@ def _restart_lines(spec: JobSpec, python: str) -> list[str]:
         f"limit, preemption or node failure, {spec.restarts.retry_on_failure} after a failure.",
         f'bt_restart() {{ {python} -I -m slurm_bt.steps.restart "$1" {shq(spec.spec_path)} "${{@:2}}"; }}',
         "bt_restart begin",
-        "bt_stop_asked=0",
-        "trap 'bt_stop_asked=1' USR2",
         'bt_restart watch "$$" &',
         "bt_watcher=$!",
     ]
