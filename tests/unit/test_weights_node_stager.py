@@ -186,15 +186,16 @@ def test_killed_stager_resumes_on_the_next_job(site: Site) -> None:
 def test_status_shows_deploying_with_progress_while_step1_waits() -> None:
     from slurm_bt.weights.delivery_report import summary_lines, with_node_copy_state
 
-    waiting = {"staging": [], "nodes": {"n1": [{
+    entry: dict[str, Any] = {
         "index": 0, "source": "hf://org/big@0123456789ab", "tier": "node-staging", "bytes": 4 << 30,
         "progress": {"state": "running", "done_bytes": 1 << 30, "total_bytes": 4 << 30,
-                     "rate_bytes_s": 512 << 20, "eta_s": 6.0}}]}}
+                     "rate_bytes_s": 512 << 20, "eta_s": 6.0}}
+    waiting: dict[str, Any] = {"staging": [], "nodes": {"n1": [entry]}}
     row = with_node_copy_state({"current_status": "TRAINING_JOB_RUNNING", "detail": "RUNNING", "weights": waiting})
     assert row["current_status"] == "TRAINING_JOB_DEPLOYING" and "copying weights to n1" in row["detail"]
     assert summary_lines(waiting) == [
         "weights: hf://org/big@0123456789ab node-staging (n1) n1 1.0 GiB/4.0 GiB (25%) 512.0 MiB/s ETA 6 s"]
-    done = {"staging": [], "nodes": {"n1": [dict(waiting["nodes"]["n1"][0], tier="cluster-hit")]}}
+    done = {"staging": [], "nodes": {"n1": [dict(entry, tier="cluster-hit")]}}
     row = with_node_copy_state({"current_status": "TRAINING_JOB_RUNNING", "detail": "RUNNING", "weights": done})
     assert row["current_status"] == "TRAINING_JOB_RUNNING"
 
