@@ -91,7 +91,10 @@ def test_site_default_and_job_overrides(tmp_path: Path) -> None:
                                           "BT_STOP_GRACE_S": "30", "BT_RETRY_ON_FAILURE": "1"})
     assert spec.restarts == RestartSettings(max_restarts=7, retry_on_failure=1, stop_signal="INT", stop_grace_s=30)
     assert "trap 'bt_stopping=1' TERM INT" in render_node_entry(spec)
-    assert "--signal=B:USR2@30" in render_batch_script(spec)
+    script = render_batch_script(spec)
+    assert "--signal=B:USR2@30" in script
+    # The warning can arrive within the first second: the trap comes before any command that takes time.
+    assert script.index("trap 'bt_stop_asked=1' USR2") < script.index("bt_restart begin") < script.index("srun")
 
 
 @pytest.mark.parametrize(("name", "value"), [("BT_MAX_RESTARTS", "many"), ("BT_STOP_SIGNAL", "USR1"),
