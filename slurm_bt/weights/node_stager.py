@@ -23,8 +23,9 @@ Properties (each is enforced here, not by convention):
   an optional rate cap so a warming copy leaves disk bandwidth to the running jobs.
 
 Input: a root-owned request file (``<node_root>/stagers/<key>.json``, written by the prolog);
-output: ``<key>.progress`` beside it (root-owned, ``0644``; the directory is ``0711`` so only a job
-that was told the key can open it) and lines in the hook log.
+output: ``<key>.progress`` beside it (root-owned, ``0644``, or ``0640`` with the team's group for a
+team's private entry; the directory is ``0711`` so only a job that was told the key can open it) and
+lines in the hook log.
 """
 
 from __future__ import annotations
@@ -180,14 +181,26 @@ def spawn(node_root: Path, key: str, request: Mapping[str, Any], policy: StagerP
             os.close(out)
     # A first record at once, so the job's first step never mistakes an older stager's final
     # "failed"/"cancelled" for this one; the stager replaces it within a second.
+    aud = request.get("audience")
     _write_progress(d / f"{key}.progress", {"state": "starting", "pid": proc.pid,
-                                             "start_time": process_start_time(proc.pid), "updated": time.time()})
+                                             "start_time": process_start_time(proc.pid), "updated": time.time()},
+                    int(aud["gid"]) if isinstance(aud, Mapping) else None)
     return proc.pid
 
 
-def _write_progress(path: Path, rec: Mapping[str, Any]) -> None:
-    with contextlib.suppress(OSError):
-        write_file_atomic(path, json.dumps(dict(rec)).encode(), mode=0o644)
+def _write_progress(path: Path, rec: Mapping[str, Any], gid: int | None = None) -> None:
+    """Publish a progress record: ``0644`` for public entries; a team's entry ``0640`` with the team's
+    group (a failure message may name the private source's files)."""
+    from slurm_bt.atomic import atomic_output
+
+    data = json.dumps(dict(rec)).encode()
+    with contextlib.suppress(OSError), atomic_output(path, mode=0o644 if gid is None else 0o640) as fd:
+        if gid is not None:
+            os.fchown(fd, -1, gid)
+            os.fchmod(fd, 0o640)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
 
 
 def _log(key: str, msg: str) -> None:
@@ -198,8 +211,9 @@ def _log(key: str, msg: str) -> None:
 class _Tracker:
     """Counts bytes, enforces the rate cap and the bounds, and publishes the progress record."""
 
-    def __init__(self, path: Path, total: int, present: int, policy: StagerPolicy, leased: Any) -> None:
-        self.path, self.total, self.policy, self.leased = path, total, policy, leased
+    def __init__(self, path: Path, total: int, present: int, policy: StagerPolicy, leased: Any,
+                 gid: int | None = None) -> None:
+        self.path, self.total, self.policy, self.leased, self.gid = path, total, policy, leased, gid
         self.resumed = present
         self.done = present
         self.copied = 0
@@ -257,10 +271,10 @@ class _Tracker:
                 self.reason = f"exceeded its wall-clock limit of {self.deadline - self.t0:.0f} s"
             elif now - self.last_move > self.policy.stall_s:
                 self.reason = f"no progress for {self.policy.stall_s:.0f} s"
-            _write_progress(self.path, self.record("running"))
+            _write_progress(self.path, self.record("running"), self.gid)
 
     def __enter__(self) -> _Tracker:
-        _write_progress(self.path, self.record("running"))
+        _write_progress(self.path, self.record("running"), self.gid)
         self._thread.start()
         return self
 
@@ -311,7 +325,7 @@ def run(request_path: Path) -> int:
             _limit(policy, missing)
             node.gc_temp()  # a killed stager's temp blobs (their writer is provably dead)
             tracker = _Tracker(path, manifest.total_bytes, manifest.total_bytes - missing, policy,
-                               lambda: bool(node.leases(mid)))
+                               lambda: bool(node.leases(mid)), node.audience.gid if node.audience else None)
             _log(key, f"copying {missing} of {manifest.total_bytes} bytes of {manifest.source} "
                       f"({tracker.resumed} already on the node)")
             try:
@@ -320,15 +334,15 @@ def run(request_path: Path) -> int:
                         raise Cancelled("no job waits for this entry")
                     node.fill(manifest, tiers, progress=tracker.add)
             except Cancelled as exc:
-                _write_progress(path, tracker.record("cancelled", str(exc)))
+                _write_progress(path, tracker.record("cancelled", str(exc)), tracker.gid)
                 _log(key, f"stopped: {exc}; {tracker.done} of {tracker.total} bytes kept for the next job")
                 return 0
             except Exception as exc:  # reported to the waiting jobs; the hook log has the class
                 msg = " ".join(str(exc).split())[:1000]
-                _write_progress(path, tracker.record("failed", f"{type(exc).__name__}: {msg}"))
+                _write_progress(path, tracker.record("failed", f"{type(exc).__name__}: {msg}"), tracker.gid)
                 _log(key, f"failed: {type(exc).__name__}: {msg}")
                 return 1
-            _write_progress(path, tracker.record("done"))
+            _write_progress(path, tracker.record("done"), tracker.gid)
             _log(key, f"done: {tracker.copied} bytes copied in {time.monotonic() - tracker.t0:.1f} s")
             return 0
     except CacheLockTimeout:

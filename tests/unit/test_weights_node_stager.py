@@ -8,8 +8,10 @@ Real jobs on the dev cluster: tests/integration/test_weights_node_stager.py.
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -210,3 +212,34 @@ def test_doctor_names_the_bounds_that_remain(tmp_path: Path) -> None:
     assert "1 TB: 26.7 h" in line and "capped at 100.0 MiB/s" in line
     ok, line = node_bounds(str(tmp_path), 1 << 20, 0, policy)
     assert not ok and "largest entry this node can take: 1.0 MiB" in line
+
+
+def test_credentialed_entry_is_copied_into_the_teams_private_subtree(site: Site) -> None:
+    import grp
+
+    node_root = _slow_site(site, rate_mib_s=4.0)
+    m = _entry(site, "priv1")
+    work = _w._weights_job(site, "btu1", m, "priv1", "w81")
+    data = json.loads((work / "job.json").read_text())
+    data["weights"][0]["auth_secret_name"] = "hf_token"  # credentialed: the team's audience only
+    (work / "job.json").write_text(json.dumps(data))
+    assert run(site, "prolog", job_env(site, "btu1", "81", work)) == 0
+    rec = _record(node_root, "81")
+    assert rec[0]["tier"] == "node-staging" and rec[0]["stager"] == f"team-btteam1-{m.manifest_id}", rec
+    private = node_root / "private" / "btteam1"
+    assert _wait_until(lambda: (private / "snapshots" / m.manifest_id).is_dir(), 20)
+    assert not (node_root / "snapshots" / m.manifest_id).exists()
+    blob = next(e for e in os.scandir(private / "blobs") if not e.name.startswith("."))
+    st = os.lstat(blob.path)
+    assert st.st_gid == grp.getgrnam("btteam1").gr_gid and stat.S_IMODE(st.st_mode) == 0o440
+
+    def step1() -> str:
+        entries = [dict(e) for e in _record(node_root, "81")]
+        wait_for_node_copies(entries, str(node_root), "81", str(work), "n1", io.StringIO(), poll_s=0.2)
+        return str(entries[0]["tier"]) + ":" + (node_root / "jobs" / "81" / "w0" / "config.json").read_text()
+
+    assert as_user("btu1", step1) == "cluster-hit:{}"
+    key = f"team-btteam1-{m.manifest_id}"
+    assert as_user("btu1", lambda: (read_progress(node_root, key) or {}).get("state")) == "done"
+    assert as_user("btu2", lambda: read_progress(node_root, key)) is None  # another team: not even the sizes
+    _epilog(site, "81", work)
