@@ -324,6 +324,7 @@ def run(request_path: Path) -> int:
             missing = node.missing_bytes(manifest)
             _limit(policy, missing)
             node.gc_temp()  # a killed stager's temp blobs (their writer is provably dead)
+            _sweep_old(request_path.parent)
             tracker = _Tracker(path, manifest.total_bytes, manifest.total_bytes - missing, policy,
                                lambda: bool(node.leases(mid)), node.audience.gid if node.audience else None)
             _log(key, f"copying {missing} of {manifest.total_bytes} bytes of {manifest.source} "
@@ -334,20 +335,47 @@ def run(request_path: Path) -> int:
                         raise Cancelled("no job waits for this entry")
                     node.fill(manifest, tiers, progress=tracker.add)
             except Cancelled as exc:
+                _drop(request_path)
                 _write_progress(path, tracker.record("cancelled", str(exc)), tracker.gid)
                 _log(key, f"stopped: {exc}; {tracker.done} of {tracker.total} bytes kept for the next job")
                 return 0
             except Exception as exc:  # reported to the waiting jobs; the hook log has the class
                 msg = " ".join(str(exc).split())[:1000]
+                _drop(request_path)
                 _write_progress(path, tracker.record("failed", f"{type(exc).__name__}: {msg}"), tracker.gid)
                 _log(key, f"failed: {type(exc).__name__}: {msg}")
                 return 1
+            _drop(request_path)
             _write_progress(path, tracker.record("done"), tracker.gid)
             _log(key, f"done: {tracker.copied} bytes copied in {time.monotonic() - tracker.t0:.1f} s")
             return 0
     except CacheLockTimeout:
         _log(key, "another stager holds this entry; leaving it the copy")
         return 0
+
+
+def _drop(request_path: Path) -> None:
+    """Remove our request (it holds a whole manifest) *before* the final record: a prolog that reads
+    that record may start a new stager with a new request, which must not be removed after."""
+    with contextlib.suppress(OSError):
+        os.unlink(request_path)
+
+
+def _sweep_old(d: Path, older_than_s: float = 86400.0) -> None:
+    """Remove records and requests of stagers that ended (or died) more than ``older_than_s`` ago."""
+    now = time.time()
+    with contextlib.suppress(OSError), os.scandir(d) as it:
+        for e in it:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if now - st.st_mtime < older_than_s or not e.name.endswith((".json", ".progress")):
+                continue
+            if e.name.endswith(".progress") and live_stager(d.parent, e.name.removesuffix(".progress")):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(e.path)
 
 
 def node_bounds(node_root: str, max_bytes: int, reserve_bytes: int, policy: StagerPolicy) -> tuple[bool, str]:

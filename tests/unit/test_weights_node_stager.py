@@ -118,6 +118,7 @@ def test_miss_is_copied_outside_the_prolog_and_step1_waits_with_progress(site: S
     for p, b in FILES.items():
         assert (snap / p).read_bytes() == b
     assert (read_progress(node_root, key) or {}).get("state") == "done"
+    assert not (node_root / "stagers" / f"{key}.json").exists()  # the request (a whole manifest) is dropped
     _epilog(site, "41", work)
 
 
@@ -243,3 +244,17 @@ def test_credentialed_entry_is_copied_into_the_teams_private_subtree(site: Site)
     assert as_user("btu1", lambda: (read_progress(node_root, key) or {}).get("state")) == "done"
     assert as_user("btu2", lambda: read_progress(node_root, key)) is None  # another team: not even the sizes
     _epilog(site, "81", work)
+
+
+def test_old_stager_records_are_swept(tmp_path: Path) -> None:
+    from slurm_bt.weights.node_stager import _sweep_old
+
+    d = tmp_path / "stagers"
+    d.mkdir()
+    old = time.time() - 2 * 86400
+    for name in ("pub-a.progress", "pub-a.json", "pub-b.progress", "other.txt"):
+        (d / name).write_text('{"state": "done", "pid": 1, "start_time": 0}')
+    for name in ("pub-a.progress", "pub-a.json", "other.txt"):
+        os.utime(d / name, (old, old))
+    _sweep_old(d)
+    assert sorted(os.listdir(d)) == ["other.txt", "pub-b.progress"]
