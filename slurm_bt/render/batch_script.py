@@ -169,7 +169,9 @@ def render_batch_script(spec: JobSpec) -> str:
     lines += [
         "",
         "# Step 1, every node: directories, secrets and the node's environment (as you, not root).",
-        f"{srun} --job-name=bt-prepare {python} -I -m slurm_bt.steps.prepare {shq(spec.spec_path)}",
+        f"{srun} --job-name=bt-prepare {python} -I -m slurm_bt.steps.prepare {shq(spec.spec_path)}"
+        # A restarted run whose step 1 fails is requeued again (steps/restart.py `prepare-failed`).
+        ' || { bt_rc=$?; bt_restart prepare-failed "$bt_rc" || bt_rc=$?; exit "$bt_rc"; }',
     ]
     if spec.checkpointing.enabled:
         lines += _checkpoint_uploader_lines(spec, srun, python)

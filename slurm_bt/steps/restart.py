@@ -16,6 +16,12 @@ Runs as the job's user on the batch host (the leader), from the batch script, on
     when the run really ends within the grace time (or is being preempted), send the stop signal to
     the start commands' step on every node (``scancel --signal``; srun itself would turn a SIGTERM
     into SIGKILL) and exit 0; exit 3 when the warning came early (the watcher will send it again).
+``prepare-failed JOB_JSON RC``
+    step 1 (prepare) failed. On a first run that is the job's own problem and it fails. On a restart
+    it is the node's: Slurm 22.05 sometimes skips the prolog of a job requeued onto a node that
+    still caches the job's credential (observed on the dev cluster: "reissued job credential" in
+    slurmd's log, no prolog line, and prepare finds no scratch directory), so the run is requeued
+    again, counted as a node failure against ``max_restarts``.
 ``after JOB_JSON RC STOPPED``
     once the start commands have ended (and the checkpoint uploader has shipped what they saved):
     decide (:func:`slurm_bt.jobs.restarts.decide`), log the cause, and either exit with the job's
@@ -134,6 +140,28 @@ def _stop(spec: JobSpec, client: SlurmClient, job_id: str) -> int:
     return 0
 
 
+def _prepare_failed(spec: JobSpec, client: SlurmClient, job_id: str, rc: int) -> int:
+    runs = _restart_count()
+    used = runs - _failures(spec, job_id)
+    if runs == 0 or used >= spec.restarts.max_restarts:
+        return rc or 1
+    _log(f"step 1 failed on this restarted run (exit {rc}); the nodes, not the job, are the likely cause "
+         "(Slurm can skip the prolog of a job requeued onto a node that still caches its credential): "
+         f"requeued again (restart {used + 1} of {spec.restarts.max_restarts})")
+    try:
+        append_entry(spec.context.job_dir, job_id,
+                     RestartEntry(run=runs, cause="node failure", exit=rc, at=round(time.time())))
+    except OSError as exc:
+        _log(f"cannot record the restart cause ({exc})")
+    try:
+        requeue_job(client, job_id)
+    except BtError as exc:
+        _log(f"requeue failed ({exc}): the job ends here")
+        return rc or 1
+    time.sleep(600)  # slurmctld ends this run now
+    return 0
+
+
 def _after(spec: JobSpec, client: SlurmClient, job_id: str, rc: int, stopped: bool) -> int:
     policy = spec.restarts
     try:
@@ -179,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -I -m slurm_bt.steps.restart begin|watch|stop|after JOB_JSON ...``."""
     args = sys.argv[1:] if argv is None else argv
     usage = ("usage: python -m slurm_bt.steps.restart {begin|stop} JOB_JSON | watch JOB_JSON PID | "
-             "after JOB_JSON RC STOPPED")
+             "prepare-failed JOB_JSON RC | after JOB_JSON RC STOPPED")
     if len(args) < 2:
         print(usage, file=sys.stderr)
         return 2
@@ -197,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         return _watch(spec, client, job_id, int(rest[0]))
     if verb == "stop" and not rest:
         return _stop(spec, client, job_id)
+    if verb == "prepare-failed" and len(rest) == 1 and rest[0].isdigit():
+        return _prepare_failed(spec, client, job_id, int(rest[0]))
     if verb == "after" and len(rest) == 2 and rest[0].isdigit():
         return _after(spec, client, job_id, int(rest[0]), rest[1] == "1")
     print(usage, file=sys.stderr)
