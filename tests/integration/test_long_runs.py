@@ -100,10 +100,12 @@ def test_time_limit_requeues_and_resumes_to_the_uninterrupted_result(users: dict
     job = submit(USER, config, "--time=00:01:00")
     record, logs = wait(USER, job, timeout_s=1200)
     assert record["current_status"] == "TRAINING_JOB_COMPLETED", (record, logs[-3000:])
-    assert record["restarts"] >= 2, record
-    assert {r["cause"] for r in record["runs"]} == {"time limit"}, record["runs"]
+    causes = [r["cause"] for r in record["runs"]]
+    # A restart whose prolog Slurm skipped is requeued again as a node failure (steps/restart.py).
+    assert causes.count("time limit") >= 2 and set(causes) <= {"time limit", "node failure"}, record["runs"]
     assert "time limit" in record["detail"]
-    assert len(re.findall(r"rank 0/2 resumed from step \d+", logs)) == record["restarts"], logs[-3000:]
+    resumed = re.findall(r"rank 0/2 resumed from step \d+", logs)
+    assert len(resumed) == record["restarts"] - causes.count("node failure"), logs[-3000:]
     assert "sending SIGTERM to the start commands" in logs
     assert _final(logs) == _uninterrupted(steps)
     table = as_user(USER, [str(BIN / "slurm-bt"), "status", job]).stdout
