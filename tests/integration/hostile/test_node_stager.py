@@ -1,6 +1,6 @@
 """Node misses outside the prolog's clock on the real dev cluster (issue 14 item 1).
 
-Real jobs of btu1 declare a fresh fake-Hub model each; the prolog leaves the node copy to a root
+Real jobs of btu2 declare a fresh fake-Hub model each; the prolog leaves the node copy to a root
 node stager (slurm_bt/weights/node_stager.py) and the job's first step waits for it in DEPLOYING.
 To make the copies last seconds without big data, the hook policy (``/etc/slurm-bt/hooks.toml``,
 the only place root hooks take it from) caps the stager's rate and the prolog's wait for the
@@ -13,6 +13,7 @@ Each test fails on the code before node stagers: there the prolog copied the mis
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -88,15 +89,15 @@ def _model(fake_hub: FakeHub, tag: str, parts: int, part_mib: int) -> dict[str, 
 
 
 def _submit(tag: str) -> str:
-    config = write_job("btu1", weights_job("node-stager", f"hf://org/stager-{tag}"), {"probe.py": PROBE})
-    proc = as_user("btu1", [str(BIN / "bt-sbatch"), "--json", str(config), "--", f"--nodelist={NODE}"],
+    config = write_job("btu2", weights_job("node-stager", f"hf://org/stager-{tag}"), {"probe.py": PROBE})
+    proc = as_user("btu2", [str(BIN / "bt-sbatch"), "--json", str(config), "--", f"--nodelist={NODE}"],
                    cwd=config.parent)
     assert proc.returncode == 0, proc.stderr
     return str(json.loads(proc.stdout)["job_id"])
 
 
 def _status(job_id: str) -> dict[str, Any]:
-    proc = as_user("btu1", [str(BIN / "slurm-bt"), "status", job_id, "--json"])
+    proc = as_user("btu2", [str(BIN / "slurm-bt"), "status", job_id, "--json"])
     rows = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else []
     return rows[0] if rows else {}
 
@@ -116,7 +117,8 @@ def _wait_copying(job_id: str, timeout_s: float = 180) -> tuple[dict[str, Any], 
     while time.monotonic() < end:
         row = _status(job_id)
         e = _staging_entry(row)
-        if e is not None and (e["progress"].get("done_bytes") or 0) > 0:
+        if e is not None and (e["progress"].get("done_bytes") or 0) > 0 and \
+                row.get("current_status") == "TRAINING_JOB_DEPLOYING":
             return row, e
         if row.get("current_status") in ("TRAINING_JOB_COMPLETED", "TRAINING_JOB_FAILED"):
             break
@@ -125,15 +127,11 @@ def _wait_copying(job_id: str, timeout_s: float = 180) -> tuple[dict[str, Any], 
 
 
 def _probe(logs: str) -> dict[str, str]:
-    import hashlib
-
     found = [json.loads(m) for m in re.findall(r"PROBE (\{.*\})", logs)]
     return found[0] if found else {"_": hashlib.sha256(b"").hexdigest()}
 
 
 def _hashes(files: dict[str, bytes]) -> dict[str, str]:
-    import hashlib
-
     return {p: hashlib.sha256(b).hexdigest() for p, b in files.items()}
 
 
@@ -154,11 +152,11 @@ def test_large_miss_waits_in_deploying_and_two_jobs_share_one_copy(slow_stagers:
     assert "copying weights to n1" in row["detail"]
     p = entry["progress"]
     assert p["total_bytes"] == sum(len(b) for b in files.values()) and 0 < p["done_bytes"] < p["total_bytes"], p
-    table = as_user("btu1", [str(BIN / "slurm-bt"), "status", first]).stdout
+    table = as_user("btu2", [str(BIN / "slurm-bt"), "status", first]).stdout
     assert re.search(r"node-staging \(n1\) n1 [\d.]+ MiB/80\.0 MiB \(\d+%\)", table), table
     second = _submit(tag)  # the same model on the same node while the first copy runs
-    r1, logs1 = wait("btu1", first, timeout_s=240)
-    r2, logs2 = wait("btu1", second, timeout_s=240)
+    r1, logs1 = wait("btu2", first, timeout_s=240)
+    r2, logs2 = wait("btu2", second, timeout_s=240)
     for r, logs in ((r1, logs1), (r2, logs2)):
         assert r["current_status"] == "TRAINING_JOB_COMPLETED", (r, logs)
         assert _probe(logs) == _hashes(files)
@@ -167,8 +165,8 @@ def test_large_miss_waits_in_deploying_and_two_jobs_share_one_copy(slow_stagers:
     assert len(_stager_lines(key, "copying")) == 1, "the second job started a second copy"
     tiers = {n: [e["tier"] for e in es] for n, es in (r2["weights"]["nodes"]).items()}
     assert tiers == {NODE: ["cluster-hit"]} or tiers == {NODE: ["node-hit"]}, tiers
-    aftermath(first, "btu1")
-    aftermath(second, "btu1")
+    aftermath(first, "btu2")
+    aftermath(second, "btu2")
 
 
 def test_cancel_while_waiting_stops_the_copy_and_publishes_nothing(slow_stagers: None, fake_hub: FakeHub) -> None:
@@ -177,7 +175,7 @@ def test_cancel_while_waiting_stops_the_copy_and_publishes_nothing(slow_stagers:
         _model(fake_hub, tag, parts=8, part_mib=10)
         job = _submit(tag)
         _, entry = _wait_copying(job)
-        assert as_user("btu1", ["scancel", job]).returncode == 0
+        assert as_user("btu2", ["scancel", job]).returncode == 0
         root = _node_root()
         key = entry["stager"]
         end = time.monotonic() + 60
@@ -190,7 +188,7 @@ def test_cancel_while_waiting_stops_the_copy_and_publishes_nothing(slow_stagers:
         mid = entry["manifest_id"]
         assert not layout.snapshot(mid).exists() and not layout.manifest_file(mid).exists()
         assert not [n for n in os.listdir(layout.tmp) if f".{rec['pid']}_" in n], "the stager left temp files"
-        aftermath(job, "btu1")
+        aftermath(job, "btu2")
 
 
 def test_kill_9_of_the_stager_resumes_on_the_next_job(slow_stagers: None, fake_hub: FakeHub) -> None:
@@ -200,20 +198,29 @@ def test_kill_9_of_the_stager_resumes_on_the_next_job(slow_stagers: None, fake_h
         job = _submit(tag)
         _, entry = _wait_copying(job)
         root, key = _node_root(), entry["stager"]
+        layout = CacheLayout(root)
+        blobs = {hashlib.sha256(b).hexdigest(): len(b) for b in files.values()}
+
+        def kept() -> int:
+            return sum(n for sha, n in blobs.items() if layout.blob(sha).exists())
+
         end = time.monotonic() + 60
-        while ((read_progress(root, key) or {}).get("done_bytes") or 0) < 30 * MiB and time.monotonic() < end:
-            time.sleep(0.3)
+        while kept() < 20 * MiB and time.monotonic() < end:  # two 10 MiB parts verified and published
+            time.sleep(0.2)
         pid = (read_progress(root, key) or {})["pid"]
         os.kill(pid, signal.SIGKILL)
-        r1, logs1 = wait("btu1", job, timeout_s=180)
+        r1, logs1 = wait("btu2", job, timeout_s=180)
         assert r1["current_status"] == "TRAINING_JOB_FAILED", (r1, logs1)
         assert "stager is gone" in logs1 and "continues from there" in logs1, logs1
-        aftermath(job, "btu1")
+        aftermath(job, "btu2")
+        before = kept()
+        assert 20 * MiB <= before < sum(blobs.values()), before
+        assert not layout.snapshot(entry["manifest_id"]).exists()  # nothing published as an entry
         again = _submit(tag)
-        r2, logs2 = wait("btu1", again, timeout_s=240)
+        r2, logs2 = wait("btu2", again, timeout_s=240)
         assert r2["current_status"] == "TRAINING_JOB_COMPLETED", (r2, logs2)
         assert _probe(logs2) == _hashes(files)
         rec = read_progress(root, key) or {}
-        assert rec.get("state") == "done" and rec["resumed_bytes"] >= 20 * MiB, rec
+        assert rec.get("state") == "done" and rec["resumed_bytes"] == before, (rec, before)
         assert subprocess.run(["kill", "-0", str(pid)], capture_output=True, check=False).returncode != 0
-        aftermath(again, "btu1")
+        aftermath(again, "btu2")
