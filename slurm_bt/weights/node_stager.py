@@ -60,6 +60,8 @@ _MAX_REQUEST = 80 << 20  # a manifest is at most 64 MiB (node_stage._MAX_MANIFES
 _MAX_PROGRESS = 64 << 10
 #: A stager rewrites its progress every second; a record older than this names a dead stager.
 STALE_AFTER_S = 60.0
+#: A stager whose copy does not notice a stop (cancelled, a bound hit) within this long exits anyway.
+HARD_EXIT_AFTER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -262,10 +264,21 @@ class _Tracker:
 
     def _run(self) -> None:
         empty = 0
+        stopping_since: float | None = None
         while not self._stop.wait(1.0):
             now = time.monotonic()
             empty = 0 if self.leased() else empty + 1
-            if empty >= 2:  # twice in a row: a prolog adds its lease before it starts us
+            if self.reason is not None:
+                stopping_since = stopping_since or now
+                if now - stopping_since > HARD_EXIT_AFTER_S:
+                    # The copy did not reach its next chunk (a read blocked on a hung filesystem):
+                    # end the process anyway; the next stager proves this one dead and collects its
+                    # temp files, and the waiting jobs read why.
+                    _write_progress(self.path, self.record("failed", f"{self.reason} (copy blocked; ended)"),
+                                    self.gid)
+                    _log(self.path.name, f"ending: {self.reason}; the copy stayed blocked")
+                    os._exit(1)
+            elif empty >= 2:  # twice in a row: a prolog adds its lease before it starts us
                 self.reason = "no job waits for this entry any more (cancelled or ended)"
             elif now > self.deadline:
                 self.reason = f"exceeded its wall-clock limit of {self.deadline - self.t0:.0f} s"
