@@ -100,7 +100,7 @@ def test_miss_is_copied_outside_the_prolog_and_step1_waits_with_progress(site: S
     key = rec[0]["stager"]
     # the copy (~4 s at 1 MiB/s) outlives the prolog: it was not the prolog's work
     assert (read_progress(node_root, key) or {}).get("state") in ("starting", "running")
-    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "running", 5)
+    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "running", 15)
     mid_copy = read_progress(node_root, key) or {}
     assert mid_copy["total_bytes"] == m.total_bytes and mid_copy["done_bytes"] < m.total_bytes
 
@@ -132,7 +132,7 @@ def test_two_jobs_share_one_copy(site: Site) -> None:
     assert _record(node_root, "52")[0]["stager"] == key
     assert sorted(os.listdir(node_root / "leases" / m.manifest_id)) == [".manifest.json", "51", "52"]
     assert _wait_until(lambda: (node_root / "snapshots" / m.manifest_id).is_dir(), 20)
-    assert _wait_until(lambda: _stager_lines(site, key, "done:") == 1, 5)
+    assert _wait_until(lambda: _stager_lines(site, key, "done:") == 1, 10)
     assert _stager_lines(site, key, "copying") == 1  # the second job started no second copy
     for job, work in (("51", w1), ("52", w2)):
         _epilog(site, job, work)
@@ -143,9 +143,9 @@ def test_cancelled_job_stops_its_copy_and_publishes_nothing(site: Site) -> None:
     m = _entry(site, "big3")
     work, _ = _prolog(site, m, "big3", "61")
     key = f"pub-{m.manifest_id}"
-    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "running", 5)
+    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "running", 15)
     _epilog(site, "61", work)  # the job ended while waiting: its lease goes
-    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "cancelled", 6)
+    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "cancelled", 15)
     assert not (node_root / "snapshots" / m.manifest_id).exists()
     assert not CacheLayout(node_root).manifest_file(m.manifest_id).exists()
     assert _wait_until(lambda: os.listdir(node_root / ".tmp") == [], 3), os.listdir(node_root / ".tmp")
