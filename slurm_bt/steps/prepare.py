@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_bt.atomic import make_private_dir, write_file_atomic
+from slurm_bt.checkpoints.flush import read_spec
 from slurm_bt.errors import BtError, PrologRefusedError, StorageError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.job_paths import job_layout
@@ -119,7 +120,7 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str
     job_id = environ["SLURM_JOB_ID"]
     node = environ.get("SLURMD_NODENAME")
     team = _team_from_prolog(node, job_id, state_root)
-    spec = JobSpec.model_validate_json(spec_path.read_bytes())
+    spec = read_spec(spec_path)
     layout = job_layout(spec, job_id=job_id, node=node, account=environ.get("SLURM_JOB_ACCOUNT"), team=team)
     cache_root = expand_path(spec.storage["cache"], user=spec.context.user, uid=spec.context.uid,
                              home=spec.context.home, node=node) + "/"

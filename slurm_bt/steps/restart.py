@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from slurm_bt.checkpoints.flush import read_spec
 from slurm_bt.errors import BtError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.jobs.restarts import RestartEntry, append_entry, decide, read_log
@@ -56,7 +57,7 @@ def _log(message: str) -> None:
 
 
 def _spec(path: str) -> JobSpec:
-    return JobSpec.model_validate_json(Path(path).read_bytes())
+    return read_spec(Path(path))
 
 
 def _restart_count() -> int:
