@@ -471,6 +471,10 @@ def slurm_conf(rel: Release) -> str:
         # which Slurm sends SIGTERM. gpu and staging say PreemptMode=OFF, so nothing else is ever preempted.
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
+        # A requeued job waits cred_expire seconds (default 120) before it may start again; the long-run tests
+        # requeue a job several times (docs/long-runs.md). Batch launch credentials are made after the prolog
+        # (PrologFlags=DeferBatch), so a long prolog does not need a longer lifetime.
+        "AuthInfo=cred_expire=30",
         "JobCompType=jobcomp/none",
         "AccountingStorageType=accounting_storage/slurmdbd",
         "AccountingStorageHost=localhost",

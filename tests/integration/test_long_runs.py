@@ -4,9 +4,9 @@ Each test runs the quick start's training loop (examples/quickstart/train.py, co
 down with ``--step-seconds`` so that it outlives a run, and checks that it resumes from its checkpoint
 and ends with exactly the result of an uninterrupted run.
 
-Slow by nature: 22.05 holds a requeued job for ``cred_expire`` (120 s by default: BeginTime) before it
-may start again (a job started earlier finds the prolog skipped on a node that still caches its
-credential), so each requeue costs about two minutes.
+Slow by nature: Slurm holds a requeued job for ``cred_expire`` before it may start again (the dev
+cluster sets 30 s, Slurm's default is 120 s: BeginTime; a job started earlier finds the prolog skipped
+on a node that still caches its credential), so each requeue costs about a minute.
 """
 
 from __future__ import annotations
