@@ -350,7 +350,8 @@ def _hash_range(h: hashlib._Hash, fd: int, off: int, count: int) -> None:
 
 
 def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CHUNK,
-                  progress: Callable[[int], None] | None = None) -> tuple[str, int]:
+                  progress: Callable[[int], None] | None = None, start: int = 0,
+                  hasher: hashlib._Hash | None = None) -> tuple[str, int]:
     """Copy ``size`` bytes from ``src_fd`` to ``dst_fd`` and return the sha256 of what was *written*.
 
     Data moves in the kernel (``copy_file_range``, else ``sendfile``); each chunk is then hashed
@@ -362,11 +363,13 @@ def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CH
 
     ``progress(n)`` is called after each chunk with its byte count (the node stager's progress,
     rate cap and cancellation, slurm_bt/weights/node_stager.py); an exception it raises stops the copy.
+    ``start``/``hasher``: resume after ``start`` bytes already in ``dst_fd``, hashed into ``hasher``
+    (:func:`hash_prefix`).
 
     Returns:
         (sha256 hex, bytes copied); fewer bytes than ``size`` means the source was short.
     """
-    if size <= _SMALL:
+    if size <= _SMALL and not start:
         data = os.pread(src_fd, size, 0)
         view = memoryview(data)
         while view:
@@ -375,9 +378,9 @@ def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CH
             progress(len(data))
         return hashlib.sha256(data).hexdigest(), len(data)
     chunk_bytes = max(mmap.ALLOCATIONGRANULARITY, chunk_bytes - chunk_bytes % mmap.ALLOCATIONGRANULARITY)
-    h = hashlib.sha256()
+    h = hasher if hasher is not None else hashlib.sha256()
     use_cfr = [True]
-    off = 0
+    off = start
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hash") as pool:
         pending: Future[None] | None = None
         while off < size:
@@ -400,15 +403,27 @@ def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CH
     return h.hexdigest(), off
 
 
+def hash_prefix(fd: int, count: int, *, chunk_bytes: int = _CHUNK) -> hashlib._Hash:
+    """A sha256 of the first ``count`` bytes of ``fd`` (a resumed copy's prefix, read back from disk)."""
+    h = hashlib.sha256()
+    chunk_bytes = max(mmap.ALLOCATIONGRANULARITY, chunk_bytes - chunk_bytes % mmap.ALLOCATIONGRANULARITY)
+    off = 0
+    while off < count:
+        n = min(chunk_bytes, count - off)
+        _hash_range(h, fd, off, n)
+        off += n
+    return h
+
+
 def copy_only(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CHUNK,
-              progress: Callable[[int], None] | None = None) -> int:
+              progress: Callable[[int], None] | None = None, start: int = 0) -> int:
     """Copy ``size`` bytes in the kernel without hashing; returns bytes copied.
 
     Only for sources the caller trusts to hold exactly the pinned bytes (the root-owned shared
     tier, verified when it was published): this is what lets a node-tier copy run at ``cp`` speed.
     """
     use_cfr = [True]
-    off = 0
+    off = start
     while off < size:
         want = min(chunk_bytes, size - off)
         got = _move(src_fd, dst_fd, off, want, use_cfr)

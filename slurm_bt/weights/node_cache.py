@@ -53,6 +53,7 @@ from slurm_bt.weights.cache_layout import (
     build_snapshot,
     copy_and_hash,
     copy_only,
+    hash_prefix,
     publish_blob_file,
     remove_tree,
     tmp_name,
@@ -153,6 +154,8 @@ class NodeCache:
         self.lock_options = lock_options or LockOptions()
         self.copy_workers = max(1, copy_workers)
         self.evict_lock_timeout_s = evict_lock_timeout_s
+        #: Called with the bytes of a partial blob a resumed copy did not have to move again.
+        self.on_resume: Callable[[int], None] | None = None
 
     @property
     def root(self) -> Path:
@@ -390,8 +393,26 @@ class NodeCache:
         src_uri = str(cluster.layout.blob(f.sha256))
         if size != f.size:
             raise CacheIntegrityError(src_uri, f.sha256, "", f.size, size)
-        tmp = self.layout.tmp / tmp_name("blob")
-        dst = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # The node stager (progress given) keeps big blobs resumable: a fixed partial name and a
+        # mark of the durable prefix, so a killed copy of a 100 GB file does not start over.
+        part = self._open_partial(f) if progress is not None and f.size >= RESUME_MIN_BYTES else None
+        if part is not None:
+            tmp, dst, start = part
+        else:
+            tmp, start = self.layout.tmp / tmp_name("blob"), 0
+            dst = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        mark = _mark_path(tmp) if part is not None else None
+        written = [start, start]  # bytes in dst, bytes made durable and marked
+
+        def step(n: int) -> None:
+            written[0] += n
+            if mark is not None and written[0] - written[1] >= _MARK_EVERY_BYTES:
+                os.fdatasync(dst)
+                _write_mark(mark, f.sha256, written[0])
+                written[1] = written[0]
+            if progress is not None:
+                progress(n)
+
         try:
             try:
                 try:  # reserve early: ENOSPC before any byte is copied, and contiguous extents
@@ -400,17 +421,40 @@ class NodeCache:
                 except OSError as exc:
                     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                         raise
+                hasher = None
+                if start:
+                    if self.on_resume is not None:
+                        self.on_resume(start)
+                    if not cluster.trusted_copy:  # what was written before is hashed again, from disk
+                        hasher = hash_prefix(dst, start)
                 if cluster.trusted_copy:  # root-owned shared tier, verified at publish (site policy)
-                    actual, n = f.sha256, copy_only(src, dst, f.size, progress=progress)
+                    actual, n = f.sha256, copy_only(src, dst, f.size, progress=step, start=start)
                 else:
-                    actual, n = copy_and_hash(src, dst, f.size, progress=progress)
+                    actual, n = copy_and_hash(src, dst, f.size, progress=step, start=start, hasher=hasher)
                 if actual != f.sha256 or n != f.size:
+                    if mark is not None:  # a bad prefix or source: never resume from it
+                        with contextlib.suppress(OSError):
+                            os.unlink(mark)
                     raise CacheIntegrityError(src_uri, f.sha256, actual, f.size, n)
-            except BaseException:  # OSError, or the node stager's cancellation raised by progress()
+            except CacheIntegrityError:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-            return publish_blob_file(tmp, dst, self.layout.blob(f.sha256), f, actual, n, group=self.layout.group)
+            except BaseException:  # OSError, or the node stager's cancellation raised by progress()
+                if mark is not None:  # keep what is durable for the next stager
+                    with contextlib.suppress(OSError):
+                        os.fdatasync(dst)
+                        _write_mark(mark, f.sha256, written[0])
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                raise
+            published = publish_blob_file(tmp, dst, self.layout.blob(f.sha256), f, actual, n,
+                                          group=self.layout.group)
+            if mark is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(mark)
+            return published
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT) or (
                     isinstance(exc.__cause__, OSError) and exc.__cause__.errno in (errno.ENOSPC, errno.EDQUOT)):
@@ -419,6 +463,29 @@ class NodeCache:
             raise
         finally:
             os.close(dst)
+
+    def _open_partial(self, f: ManifestFile) -> tuple[Path, int, int] | None:
+        """``(path, fd, durable prefix)`` of this blob's partial copy, locked; None when another
+        process writes it (then this copy uses a private temp name, as the prolog's path does)."""
+        import fcntl
+
+        tmp = self.layout.tmp / f"partial-{f.sha256}"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise StorageError(str(tmp), "is not a regular file of this user; refusing to resume from it")
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        start = _read_mark(_mark_path(tmp), f.sha256, min(f.size, st.st_size))
+        if start == 0:
+            os.ftruncate(fd, 0)
+        return tmp, fd, start
 
     # -- space ------------------------------------------------------------------------------------
 
@@ -668,6 +735,34 @@ class NodeCache:
     def _evict_lock(self) -> contextlib.AbstractContextManager[None]:
         """The node-wide ``evict`` lock (in the base layout: eviction spans every subtree)."""
         return optional_lock(self.base.lock("evict"), self.lock_options)
+
+
+#: Blobs at least this big are copied resumably by the node stager (smaller ones restart whole).
+RESUME_MIN_BYTES = 128 << 20
+#: How often a resumable copy makes its prefix durable and records it.
+_MARK_EVERY_BYTES = 256 << 20
+
+
+def _mark_path(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".mark")
+
+
+def _write_mark(mark: Path, sha: str, done: int) -> None:
+    write_file_atomic(mark, json.dumps({"sha256": sha, "done": done}).encode(), mode=0o600)
+
+
+def _read_mark(mark: Path, sha: str, limit: int) -> int:
+    """The durable prefix a killed copy recorded (0 if none, unreadable, or not for this blob)."""
+    from slurm_bt.trusted_files import read_trusted_file
+
+    raw = read_trusted_file(mark, max_bytes=4096, owner_ok=lambda st: st.st_uid == os.geteuid())
+    try:
+        data = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return 0
+    if not isinstance(data, dict) or data.get("sha256") != sha or not isinstance(data.get("done"), int):
+        return 0
+    return max(0, min(int(data["done"]), limit))
 
 
 def _unlink_lease(lease_dir: Path, job_id: str) -> bool:

@@ -597,14 +597,14 @@ def wait_for_node_copies(entries: list[dict[str, Any]], node_root: str, job_id: 
 
 def _writer_alive(rec: Mapping[str, Any]) -> bool:
     """The stager named by a progress record still runs (pid and start time match; /proc is readable)."""
-    from slurm_bt.weights.locks import process_start_time
+    from slurm_bt.weights.node_stager import process_running
 
     pid = rec.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return False
     if not os.path.exists("/proc/1/stat"):  # /proc mounted with hidepid: only the heartbeat tells
         return True
-    return process_start_time(pid) == rec.get("start_time")
+    return process_running(pid, rec.get("start_time"))
 
 
 def _plan_bwrap(job_dir: str) -> str:

@@ -12,9 +12,11 @@ Properties (each is enforced here, not by convention):
 * **one per entry, single-flight across jobs**: the stager holds the node cache's
   ``entry-<manifest_id>`` lock for the whole copy; a second stager for the same entry finds it busy
   and exits at once, and the second job simply leases the entry and waits for the same snapshot;
-* **resumable after a crash**: blobs are published one by one (verified, fsynced, renamed); a
-  ``kill -9`` leaves those plus temp files the next stager proves dead (``gc_temp``), so the next
-  job's stager copies only what is missing (``resumed_bytes`` in its progress);
+* **resumable after a crash**: blobs are published one by one (verified, fsynced, renamed), and a
+  blob of 128 MiB or more is written under a fixed partial name with a mark of its durable prefix
+  (``NodeCache._copy_from``); a ``kill -9`` leaves those, so the next job's stager copies only what
+  is missing, re-hashing a partial blob's prefix from the node's disk (``resumed_bytes`` in its
+  progress);
 * **its share ends with the job**: the waiting jobs hold leases (``leases/<id>/<job>``) that the
   epilog drops; when no lease is left the copy stops, this process's temp files are removed and
   nothing is published as an entry (the COMPLETE marker comes only after the whole snapshot);
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
     from slurm_bt.site.hook_settings import HookSettings
 
 __all__ = ["STAGERS_DIR", "StagerPolicy", "live_stager", "main", "node_bounds", "policy_from_settings",
-           "progress_path", "read_progress", "run", "spawn", "stager_key"]
+           "process_running", "progress_path", "read_progress", "run", "spawn", "stager_key"]
 
 STAGERS_DIR = "stagers"
 _MAX_REQUEST = 80 << 20  # a manifest is at most 64 MiB (node_stage._MAX_MANIFEST) plus a few fields
@@ -128,12 +130,24 @@ def read_progress(node_root: str | Path, key: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def process_running(pid: int, start_time: object) -> bool:
+    """``pid`` is the process that started at ``start_time`` and has not exited (a zombie has)."""
+    if process_start_time(pid) != start_time:
+        return False
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    rest = data[data.rfind(b")") + 2:].split()
+    return bool(rest) and rest[0] not in (b"Z", b"X")
+
+
 def _alive(rec: Mapping[str, Any]) -> bool:
     """The record's writer still runs (same pid and start time) and wrote recently."""
     pid, start = rec.get("pid"), rec.get("start_time")
     if not isinstance(pid, int) or pid <= 0:
         return False
-    if process_start_time(pid) != start:
+    if not process_running(pid, start):
         return False
     updated = rec.get("updated")
     return isinstance(updated, (int, float)) and time.time() - updated < STALE_AFTER_S
@@ -245,6 +259,12 @@ class _Tracker:
         if self.reason is not None:
             raise Cancelled(self.reason)
 
+    def resumed_part(self, n: int) -> None:
+        """A partial blob a killed stager left: ``n`` bytes that need no copy (``NodeCache.on_resume``)."""
+        with self._lock:
+            self.resumed += n
+            self.done += n
+
     def rate(self) -> float:
         now = time.monotonic()
         with self._lock:
@@ -342,6 +362,7 @@ def run(request_path: Path) -> int:
                                lambda: bool(node.leases(mid)), node.audience.gid if node.audience else None)
             _log(key, f"copying {missing} of {manifest.total_bytes} bytes of {manifest.source} "
                       f"({tracker.resumed} already on the node)")
+            node.on_resume = tracker.resumed_part
             try:
                 with tracker:
                     if not node.leases(mid):

@@ -21,7 +21,7 @@ import pytest
 from slurm_bt.weights.cache_layout import CacheLayout
 from slurm_bt.weights.manifest import Manifest
 from slurm_bt.weights.node_stage import read_node_record, wait_for_node_copies
-from slurm_bt.weights.node_stager import read_progress
+from slurm_bt.weights.node_stager import process_running, read_progress
 from tests.unit import test_hooks_prolog as _hooks_tests
 from tests.unit import test_hooks_prolog_weights as _w
 from tests.unit.test_cache_support import random_bytes
@@ -259,3 +259,41 @@ def test_old_stager_records_are_swept(tmp_path: Path) -> None:
         os.utime(d / name, (old, old))
     _sweep_old(d)
     assert sorted(os.listdir(d)) == ["other.txt", "pub-b.progress"]
+
+
+def test_killed_copy_of_one_big_file_resumes_inside_the_file(site: Site) -> None:
+    """A single 320 MiB blob: the next stager continues after the killed one's durable prefix."""
+    from slurm_bt.weights.cluster_cache import ClusterCache
+    from tests.unit.test_cache_support import DirFetcher, allow, make_manifest, write_origin
+
+    node_root = _slow_site(site, rate_mib_s=64.0)
+    big = {"model.gguf": random_bytes(320 << 20, 99), "config.json": b"{}"}
+    origin = site.base / "origin-gguf"
+    write_origin(origin, big)
+    m = make_manifest(big, source="hf://org/gguf")
+    (site.base / "shared" / "weights" / "teams").mkdir(parents=True, exist_ok=True)
+    tier = ClusterCache.for_team(site.base / "shared" / "weights", "btteam1")
+    tier.ensure(m, DirFetcher(origin), authorize=allow)
+    import grp
+
+    os.chown(tier.root, 0, grp.getgrnam("btteam1").gr_gid)
+    os.chmod(tier.root, 0o3770)
+    work, _ = _prolog(site, m, "gguf", "91")
+    key = f"pub-{m.manifest_id}"
+    sha = next(f.sha256 for f in m.files if f.path == "model.gguf")
+    mark = node_root / ".tmp" / f"partial-{sha}.mark"
+    assert _wait_until(mark.exists, 20)  # 256 MiB made durable and recorded
+    pid = (read_progress(node_root, key) or {})["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert _wait_until(lambda: not process_running(pid, (read_progress(node_root, key) or {}).get("start_time")), 10)
+    done = json.loads(mark.read_text())["done"]
+    assert done >= 256 << 20 and not CacheLayout(node_root).blob(sha).exists()
+    _epilog(site, "91", work)
+    work2, _ = _prolog(site, m, "gguf", "92")
+    assert _wait_until(lambda: (node_root / "snapshots" / m.manifest_id).is_dir(), 30), \
+        (site.base / "log" / "hooks.log").read_text()[-3000:]
+    rec = read_progress(node_root, key) or {}
+    assert rec["state"] == "done" and rec["resumed_bytes"] >= done, (rec, done)
+    assert (node_root / "jobs" / "92" / "w0" / "model.gguf").read_bytes() == big["model.gguf"]
+    assert not mark.exists() and not (node_root / ".tmp" / f"partial-{sha}").exists()
+    _epilog(site, "92", work2)
