@@ -18,6 +18,7 @@ from typing import Any
 
 import pydantic
 
+from slurm_bt.compat.truss_config import Resources
 from slurm_bt.errors import Problem
 
 __all__ = [
@@ -30,22 +31,8 @@ __all__ = [
 
 STRICTER = "(slurm-bt is stricter than truss here)"
 
-# Units accepted by truss' serving ``Resources.memory`` (the only place upstream parses memory).
-_MEMORY_UNITS: dict[str, int] = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 1024,
-    "Mi": 1024**2,
-    "Gi": 1024**3,
-    "Ti": 1024**4,
-    "Pi": 1024**5,
-    "Ei": 1024**6,
-}
+# Upstream's unit table (``Resources._MEMORY_UNITS``), plus "" for plain bytes.
+_MEMORY_UNITS: dict[str, int] = {"": 1, **Resources._MEMORY_UNITS}
 _MEMORY_RE = re.compile(r"(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<unit>[A-Za-z]*)")
 _MIB = 1024**2
 
