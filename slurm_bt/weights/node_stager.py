@@ -102,7 +102,7 @@ def policy_from_settings(st: HookSettings) -> StagerPolicy:
                         stall_s=st.weights_stage_stall_s, log_file=st.log_file)
 
 
-class Cancelled(Exception):
+class _Cancelled(Exception):
     """No job waits for the entry any more (their leases are gone), or a bound was hit."""
 
 
@@ -243,9 +243,9 @@ class _Tracker:
         self._thread = threading.Thread(target=self._run, name="stager-progress", daemon=True)
 
     def add(self, n: int) -> None:
-        """``progress`` callback of the copy: may sleep (rate cap) or raise :class:`Cancelled`."""
+        """``progress`` callback of the copy: may sleep (rate cap) or raise :class:`_Cancelled`."""
         if self.reason is not None:
-            raise Cancelled(self.reason)
+            raise _Cancelled(self.reason)
         with self._lock:
             self.done += n
             self.copied += n
@@ -257,7 +257,7 @@ class _Tracker:
                 time.sleep(min(ahead, 0.5))
                 ahead -= 0.5
         if self.reason is not None:
-            raise Cancelled(self.reason)
+            raise _Cancelled(self.reason)
 
     def resumed_part(self, n: int) -> None:
         """A partial blob a killed stager left: ``n`` bytes that need no copy (``NodeCache.on_resume``)."""
@@ -366,9 +366,9 @@ def run(request_path: Path) -> int:
             try:
                 with tracker:
                     if not node.leases(mid):
-                        raise Cancelled("no job waits for this entry")
+                        raise _Cancelled("no job waits for this entry")
                     node.fill(manifest, tiers, progress=tracker.add)
-            except Cancelled as exc:
+            except _Cancelled as exc:
                 _drop(request_path)
                 _write_progress(path, tracker.record("cancelled", str(exc)), tracker.gid)
                 _log(key, f"stopped: {exc}; {tracker.done} of {tracker.total} bytes kept for the next job")
