@@ -100,9 +100,11 @@ class CheckpointSpec(_Frozen):
     checkpoint_path: str | None = None
     volume_size_gib: int | None = None
     keep_last: int = 0
-    """Retention: keep the newest N complete checkpoints in the store (0: all); site default or BT_CHECKPOINT_KEEP_LAST."""
+    """Retention: keep the newest N complete checkpoints in the store (0: all); site default or
+    BT_CHECKPOINT_KEEP_LAST."""
     max_bytes: int = 0
-    """Retention: size budget of the job's checkpoints in the store (0: none); site default or BT_CHECKPOINT_MAX_BYTES."""
+    """Retention: size budget of the job's checkpoints in the store (0: none); site default or
+    BT_CHECKPOINT_MAX_BYTES."""
 
 
 class LoadCheckpointSpec(_Frozen):

@@ -76,7 +76,8 @@ def test_requeue_counted_from_duplicates(slurm: FakeSlurm, client: SlurmClient) 
     [st] = query_statuses(client, [job]).statuses
     assert st.status == "TRAINING_JOB_PENDING"
     # Each earlier run is listed with its cause (docs/long-runs.md); without a restart log, sacct's state.
-    assert st.lifecycle is not None and st.lifecycle.detail == "PENDING (BeginTime); requeued 2 times (requeued, requeued)"
+    assert st.lifecycle is not None
+    assert st.lifecycle.detail == "PENDING (BeginTime); requeued 2 times (requeued, requeued)"
     assert st.as_dict()["restarts"] == 2
     assert [r["run"] for r in st.as_dict()["runs"]] == [0, 1]
 
