@@ -118,7 +118,8 @@ def slurm_conf_lines(prolog: str, epilog: str, deadline_s: float, gres: dict[str
     later release still accepts) adds what newer releases offer (slurm_bt/slurm/release.py FEATURES).
     """
     timeout = max(120, int(deadline_s) + 30)
-    has = features_in_use(release, {"SlurmctldParameters": "enable_expedited_requeue"})
+    # What this release has (the lines below switch on the features that need a switch).
+    has = {f.name: release is not None and release.at_least(*f.since) for f in FEATURES}
     flags = "Alloc,Contain,DeferBatch" + (",ForceRequeueOnFail" if has["prolog_force_requeue_on_fail"] else "")
     lines = [
         "# --- slurm.conf ---" + (f" (Slurm {release})" if release is not None else ""),

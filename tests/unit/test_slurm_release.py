@@ -44,7 +44,11 @@ def test_parse_release_reads_every_form_and_refuses_junk(text: str, want: SlurmR
 def test_features_follow_the_release_and_expedite_also_needs_its_switch() -> None:
     assert features_in_use(R2205) == {"prefer": True, "prolog_force_requeue_on_fail": False,
                                       "split_hook_timeouts": False, "requeue_expedite": False}
-    assert features_in_use(R2411)["prolog_force_requeue_on_fail"] and not features_in_use(R2411)["split_hook_timeouts"]
+    force = {"PrologFlags": "Alloc,Contain,DeferBatch,ForceRequeueOnFail"}
+    assert features_in_use(R2411, force)["prolog_force_requeue_on_fail"]
+    assert not features_in_use(R2411)["prolog_force_requeue_on_fail"]  # the release has it; slurm.conf must set it
+    assert not features_in_use(R2205, force)["prolog_force_requeue_on_fail"]
+    assert not features_in_use(R2411)["split_hook_timeouts"]
     assert features_in_use(R2605)["split_hook_timeouts"]
     assert not features_in_use(None)["prefer"]  # unknown release: nothing optional
     on = {"SlurmctldParameters": "enable_configless,enable_expedited_requeue"}
