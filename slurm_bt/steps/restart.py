@@ -217,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = _spec(spec_path)
     except (OSError, ValueError) as exc:
-        _log(f"restart helper: cannot read {spec_path}: {exc}")
+        # Step 1 reads the same file and fails the run with the reason that matters (a prolog refusal,
+        # or the same unreadable job.json), so the helper steps aside instead of ending the run first.
+        _log(f"restart helper: cannot read {spec_path}: {exc}; this run is not requeued")
+        if verb in ("begin", "watch"):
+            return 0
+        if verb in ("prepare-failed", "after") and rest and rest[0].isdigit():
+            return int(rest[0])
         return 1
     client = SlurmClient(SubprocessRunner(), timeout_s=30)
     if verb == "begin" and not rest:

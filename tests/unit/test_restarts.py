@@ -160,3 +160,18 @@ def test_a_job_that_cannot_resume_is_not_requeued_for_a_time_limit() -> None:
     assert d.action == "requeue"
     d = decide(rc=3, stopped=False, preempted=False, restarts=0, failures=0, max_restarts=3, retry_on_failure=0)
     assert not d.wait_for_slurm  # an application error fails at once, as FAILED
+
+
+def test_unreadable_job_json_leaves_the_verdict_to_step_1(tmp_path: Path) -> None:
+    # A job.json swapped for a FIFO (or gone): the helper must neither hang nor end the run before step 1
+    # reports why (tests/integration/hostile/test_forged_inputs.py), and must pass exit codes through.
+    from slurm_bt.steps import restart
+
+    fifo = tmp_path / "job.json"
+    os.mkfifo(fifo)
+    assert restart.main(["begin", str(fifo)]) == 0
+    assert restart.main(["watch", str(fifo), "1"]) == 0
+    assert restart.main(["stop", str(fifo)]) == 1
+    assert restart.main(["prepare-failed", str(fifo), "7"]) == 7
+    assert restart.main(["after", str(fifo), "3", "0"]) == 3
+    assert restart.main(["after", str(tmp_path / "missing.json"), "0", "0"]) == 0
