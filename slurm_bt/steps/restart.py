@@ -87,18 +87,48 @@ def _begin(spec: JobSpec, client: SlurmClient, job_id: str) -> int:
     return 0
 
 
-def _watch(spec: JobSpec, client: SlurmClient, job_id: str, batch_pid: int) -> int:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists (another user's process would only appear after PID reuse)
+    return True
+
+
+def _nap(seconds: float, batch_pid: int) -> bool:
+    """Sleep up to ``seconds``; False as soon as the batch shell is gone.
+
+    The watcher runs in the background of the batch shell; when Slurm kills that shell (time limit,
+    scancel) the watcher may be left behind (proctrack/linuxproc loses reparented processes), so it
+    checks every few seconds that there is still a run to watch instead of polling Slurm for ever.
+    """
+    end = time.monotonic() + seconds
     while True:
+        if not _alive(batch_pid):
+            return False
+        left = end - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(left, 5.0))
+
+
+def _watch(spec: JobSpec, client: SlurmClient, job_id: str, batch_pid: int) -> int:
+    while _alive(batch_pid):
         try:
             facts = job_facts(client, job_id)
         except BtError as exc:
             _log(f"restart watcher: {exc}; retrying")
-            time.sleep(30)
+            if not _nap(30, batch_pid):
+                break
             continue
         grace = facts.grace_s(spec.restarts.stop_grace_s)
         left = facts.remaining_s(time.time())
         if left is None:
-            time.sleep(300)  # no time limit now; one may be set later (scontrol update TimeLimit)
+            # No time limit now; one may be set later (scontrol update TimeLimit).
+            if not _nap(300, batch_pid):
+                break
             continue
         if left <= grace:
             try:
@@ -107,7 +137,9 @@ def _watch(spec: JobSpec, client: SlurmClient, job_id: str, batch_pid: int) -> i
                 return 0  # the batch shell is gone
             return 0
         # Poll less often while the end is far; never more than once every 5 s.
-        time.sleep(min(max((left - grace) / 2, 5.0), 60.0))
+        if not _nap(min(max((left - grace) / 2, 5.0), 60.0), batch_pid):
+            break
+    return 0
 
 
 def _stop(spec: JobSpec, client: SlurmClient, job_id: str) -> int:

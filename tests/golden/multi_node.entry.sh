@@ -20,6 +20,9 @@ bt_commands=(
   'pip install -r requirements.txt'
   'torchrun --nnodes=$BT_GROUP_SIZE --node-rank=$BT_NODE_RANK --nproc-per-node=$BT_NUM_GPUS --master-addr=$BT_LEADER_ADDR --master-port=$MASTER_PORT train.py'
 )
+bt_stopping=0
+trap 'bt_stopping=1' TERM
 for bt_cmd in "${bt_commands[@]}"; do
   eval "$bt_cmd" || exit $?
+  [ "$bt_stopping" = 0 ] || exit 0
 done

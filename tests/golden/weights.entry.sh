@@ -19,6 +19,9 @@ set +u +o pipefail  # start commands run with ordinary shell semantics
 bt_commands=(
   'python train.py'
 )
+bt_stopping=0
+trap 'bt_stopping=1' TERM
 for bt_cmd in "${bt_commands[@]}"; do
   eval "$bt_cmd" || exit $?
+  [ "$bt_stopping" = 0 ] || exit 0
 done

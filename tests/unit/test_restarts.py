@@ -175,3 +175,28 @@ def test_unreadable_job_json_leaves_the_verdict_to_step_1(tmp_path: Path) -> Non
     assert restart.main(["prepare-failed", str(fifo), "7"]) == 7
     assert restart.main(["after", str(fifo), "3", "0"]) == 3
     assert restart.main(["after", str(tmp_path / "missing.json"), "0", "0"]) == 0
+
+
+def test_watcher_ends_when_the_batch_shell_is_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Slurm may kill the batch shell and leave its background watcher behind (proctrack/linuxproc); the
+    # watcher must then end by itself instead of polling Slurm for ever.
+    import subprocess
+    import threading
+    import time
+
+    from slurm_bt.errors import SlurmCommandError
+    from slurm_bt.steps import restart
+
+    calls: list[str] = []
+
+    def facts(_client: object, job_id: str) -> object:
+        calls.append(job_id)
+        raise SlurmCommandError(["sacct"], 1, "job not found")
+
+    monkeypatch.setattr(restart, "job_facts", facts)
+    shell = subprocess.Popen(["sleep", "3"])
+    threading.Thread(target=shell.wait, daemon=True).start()  # reaped when it ends, as init would
+    t0 = time.monotonic()
+    restart._watch(None, None, "42", shell.pid)  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 15
+    assert calls and calls[0] == "42"
