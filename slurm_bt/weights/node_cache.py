@@ -249,14 +249,20 @@ class NodeCache:
                 return self.snapshot_path(manifest)
             return self._stage_miss(manifest, clusters, job_id)
 
-    def _stage_miss(self, manifest: Manifest, clusters: list[ClusterCache], job_id: str) -> Path:
-        mid = manifest.manifest_id
+    def _lease_pending(self, manifest: Manifest, job_id: str) -> Path:
+        """Lease an entry that is not on the node yet: its manifest is kept as pending (what eviction
+        and a stager read) and the job's lease keeps it from being evicted while it is copied."""
         with self._evict_lock():
-            lease_dir = self.layout.leases / mid
+            lease_dir = self.layout.leases / manifest.manifest_id
             lease_dir.mkdir(exist_ok=True)
             if not (lease_dir / _PENDING).exists():
                 write_file_atomic(lease_dir / _PENDING, manifest.canonical_json(), mode=0o444)
-            self._add_lease(mid, job_id)
+            self._add_lease(manifest.manifest_id, job_id)
+        return lease_dir
+
+    def _stage_miss(self, manifest: Manifest, clusters: list[ClusterCache], job_id: str) -> Path:
+        mid = manifest.manifest_id
+        lease_dir = self._lease_pending(manifest, job_id)
         published: list[str] = []
         try:
             missing = [f for f in unique_blobs(manifest.files) if not blob_present(self.layout, f)]
@@ -297,12 +303,7 @@ class NodeCache:
         if self.is_ready(manifest):
             self._add_lease(mid, job_id)
             return True
-        with self._evict_lock():
-            lease_dir = self.layout.leases / mid
-            lease_dir.mkdir(exist_ok=True)
-            if not (lease_dir / _PENDING).exists():
-                write_file_atomic(lease_dir / _PENDING, manifest.canonical_json(), mode=0o444)
-            self._add_lease(mid, job_id)
+        self._lease_pending(manifest, job_id)
         return self.is_ready(manifest)  # a stager may have finished in between
 
     def missing_bytes(self, manifest: Manifest) -> int:
