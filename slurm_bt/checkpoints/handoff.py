@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_bt.checkpoints.flush import build_uploader, handoff_policy, read_spec, read_state
 from slurm_bt.checkpoints.locations import handoff_root
 from slurm_bt.errors import StorageError
+from slurm_bt.posix.privdrop import spawn_detached
 from slurm_bt.site.settings import load_site_settings
 
 if TYPE_CHECKING:
@@ -436,19 +437,7 @@ def start_background_sweep(
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     if site_path:
         env["SLURM_BT_SITE_CONFIG"] = site_path
-    stdout = subprocess.DEVNULL
-    if log_path is not None:
-        try:
-            stdout = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
-        except OSError:
-            pass  # no log: still finish the upload
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, close_fds=True, cwd="/")
-    finally:
-        if stdout != subprocess.DEVNULL:
-            os.close(stdout)
-    return proc
+    return spawn_detached(argv, env, log_path)
 
 
 def main(argv: list[str] | None = None) -> int:

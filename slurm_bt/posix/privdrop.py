@@ -36,6 +36,7 @@ import pwd
 import resource
 import select
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ __all__ = [
     "run_as_job_user",
     "run_as_uid",
     "run_in_child",
+    "spawn_detached",
 ]
 
 _PR_SET_NO_NEW_PRIVS = 38
@@ -385,3 +387,26 @@ def run_as_uid(fn: Callable[[], Any], *, uid: int, gid: int, timeout_s: float,
             raise PrivilegeDropError("drop", f"uid {uid} has no passwd entry") from None
     return run_in_child(fn, timeout_s=timeout_s, drop_to=drop_to, max_result_bytes=max_result_bytes,
                         extra_env=extra_env, limits=limits if limits is not None else DEFAULT_LIMITS)
+
+
+def spawn_detached(argv: list[str], env: Mapping[str, str], log_path: str | None) -> subprocess.Popen[bytes]:
+    """Start a root helper that outlives the hook that starts it, and return at once.
+
+    A new session (the hook's process group may be killed when the hook ends), no inherited
+    descriptors (slurmd reads the hook's output until EOF), ``cwd`` ``/``; output appended to
+    ``log_path`` (the root-owned hook log, never through a symlink), else discarded. Callers: the
+    epilog's hand-off sweep and the prolog's node stager.
+
+    Raises:
+        OSError: the program could not be started.
+    """
+    out: int = subprocess.DEVNULL
+    if log_path is not None:
+        with contextlib.suppress(OSError):  # no log: still start the helper
+            out = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=dict(env),
+                                start_new_session=True, close_fds=True, cwd="/")
+    finally:
+        if out != subprocess.DEVNULL:
+            os.close(out)

@@ -37,7 +37,6 @@ import json
 import os
 import resource
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.atomic import write_file_atomic
+from slurm_bt.posix.privdrop import spawn_detached
 from slurm_bt.trusted_files import read_trusted_file
 from slurm_bt.weights.locks import process_start_time
 from slurm_bt.weights.manifest import Manifest
@@ -186,15 +186,7 @@ def spawn(node_root: Path, key: str, request: Mapping[str, Any], policy: StagerP
     write_file_atomic(req, json.dumps(dict(request, policy=policy.__dict__)).encode(), mode=0o600)
     argv = [sys.executable, "-I", "-m", "slurm_bt.weights.node_stager", str(req)]
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-    out: int = subprocess.DEVNULL
-    with contextlib.suppress(OSError):
-        out = os.open(policy.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, close_fds=True, cwd="/")
-    finally:
-        if out != subprocess.DEVNULL:
-            os.close(out)
+    proc = spawn_detached(argv, env, policy.log_file)
     # A first record at once, so the job's first step never mistakes an older stager's final
     # "failed"/"cancelled" for this one; the stager replaces it within a second.
     aud = request.get("audience")
