@@ -29,6 +29,7 @@ __all__ = [
     "CacheSpec",
     "CheckpointSpec",
     "DockerAuthSpec",
+    "ImagePin",
     "InteractiveSpec",
     "JobSpec",
     "LoadCheckpointSpec",
@@ -91,6 +92,22 @@ class DockerAuthSpec(_Frozen):
     auth_method: Literal["REGISTRY_SECRET", "GCP_SERVICE_ACCOUNT_JSON", "AWS_IAM"]
     registry: str
     secrets: tuple[tuple[str, str], ...]  # (role, secret name), e.g. ("secret_ref", "ghcr-token")
+
+
+class ImagePin(_Frozen):
+    """The job's image pinned at submit to one platform manifest digest (docs/containers.md).
+
+    Attributes:
+        reference: the image as written in the config (``job.image.base_image``), e.g. "python:3.11-slim".
+        resolved: ``registry/repo@sha256:<hex>`` after the site's registry mirror mapping: what is pulled.
+        digest: ``sha256:<hex>`` of the platform manifest's bytes (the job runs this even if the tag moves).
+        private: pulled with the image's DockerAuth credentials (the cache entry's audience is the team).
+    """
+
+    reference: str
+    resolved: str
+    digest: str
+    private: bool = False
 
 
 class CheckpointSpec(_Frozen):
@@ -156,6 +173,8 @@ class JobSpec(_Frozen):
     slurm_job_name: str
     image: str
     docker_auth: DockerAuthSpec | None
+    # Set by bt-sbatch after pinning (slurm_bt/images/pin.py); None when the site runtime is "none".
+    image_pin: ImagePin | None = None
     container_runtime: Literal["pyxis", "apptainer", "none"]
     nodes: int
     gpus_per_node: int
