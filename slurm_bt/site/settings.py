@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_SITE_PATH",
     "SITE_ENV_VAR",
     "AcceleratorMapping",
+    "ContainerSettings",
     "RestartSettings",
     "SiteSettings",
     "StorageRoots",
@@ -145,6 +146,54 @@ class WeightsSettings(_Strict):
 # -- end weights ---------------------------------------------------------------------------------------
 
 
+# -- containers (docs/containers.md) --------------------------------------------------------------------
+
+_REGISTRY_HOST = r"^[A-Za-z0-9.-]+(:[0-9]{1,5})?$"
+
+
+class ContainerSettings(_Strict):
+    """``[containers]``: where job images are pulled from (images are pinned at submit, mirrored before
+    the GPUs are held and delivered through the weights cache tiers; docs/containers.md).
+
+    Attributes:
+        registry_mirrors: registry host → the host to pull from instead, e.g.
+            ``{"docker.io" = "mirror.example:5000"}`` (an internal pull-through mirror). Applied before
+            pinning, so the pinned reference names what is really pulled.
+        ca_bundle: a CA file the registry clients trust besides the system's (an internal registry
+            with its own CA); None: the system's CAs only.
+        node_copy: place images on node-local storage (the node tier) before the job starts; False lets
+            the runtime read an image that sits in the root-owned shared tier in place.
+        platform: the nodes' platform, ``os/arch[/variant]``: what a multi-platform image is pinned to.
+        max_image_bytes: largest image (sum of compressed layers, and the squashfs) the staging job
+            mirrors; bounds its temp space.
+    """
+
+    registry_mirrors: dict[str, str] = Field(default_factory=dict)
+    ca_bundle: str | None = None
+    node_copy: bool = True
+    platform: str = Field(default="linux/amd64", pattern=r"^[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?$")
+    max_image_bytes: int = Field(default=200 * 1024**3, gt=0)
+
+    @field_validator("registry_mirrors")
+    @classmethod
+    def _hosts(cls, v: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for k, m in v.items():
+            for host in (k, m):
+                if not re.match(_REGISTRY_HOST, host):
+                    raise ValueError(f"{host!r} is not a registry host[:port]")
+        return v
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _abs_ca(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError("must be an absolute path")
+        return v
+# -- end containers -------------------------------------------------------------------------------------
+
+
 class CheckpointSettings(_Strict):
     """``[checkpoints]``: the default retention of each job's checkpoints in the store (docs/checkpoints.md).
 
@@ -206,6 +255,7 @@ class SiteSettings(_Strict):
         storage: storage roots.
         weights: weights delivery (``[weights]``, :class:`WeightsSettings`).
         restarts: stop before the end and requeue (``[restarts]``, :class:`RestartSettings`).
+        containers: image registries and placement (``[containers]``, :class:`ContainerSettings`).
         pyxis_container_scope_job: pyxis runs with ``container_scope=job`` (its epilog removes a job's
             named containers): only then is a session job's step 2 a named container that ``slurm-bt ssh``
             enters; with pyxis's default ``global`` scope a named container would outlive the job, so
@@ -228,6 +278,7 @@ class SiteSettings(_Strict):
     weights: WeightsSettings = Field(default_factory=WeightsSettings)
     restarts: RestartSettings = Field(default_factory=RestartSettings)
     checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    containers: ContainerSettings = Field(default_factory=ContainerSettings)
     pyxis_container_scope_job: bool = False
 
     @model_validator(mode="after")
