@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["Manifest", "ManifestFile", "SourceKind"]
 
-SourceKind = Literal["hf", "s3", "r2", "cw", "gs", "azure", "https"]
+# "oci": a container image, one file image.sqfs, source oci://registry/repo@sha256:<hex> (docs/containers.md)
+SourceKind = Literal["hf", "s3", "r2", "cw", "gs", "azure", "https", "oci"]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
