@@ -1,0 +1,66 @@
+"""The image's cache entry and its files in the job directory (the images contract, docs/containers.md).
+
+An image is a one-file weights :class:`~slurm_bt.weights.manifest.Manifest`: kind ``oci``, its only file
+``image.sqfs`` (sha256 and size of the squashfs), source the pinned ``oci://registry/repo@sha256:<hex>``
+(after the mirror mapping), revision the digest. The pin record ``<tier>/pins/oci-<hex>.json`` maps the
+image digest to that Manifest, trusted like weights pins (root or the requesting user wrote it:
+:func:`slurm_bt.weights.plan.lookup_pin`). So the node tier, leases, LRU and ``slurm-bt cache``
+serve images without a second cache.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from slurm_bt.atomic import write_file_atomic
+from slurm_bt.job_spec import ImagePin
+from slurm_bt.weights.manifest import Manifest, ManifestFile
+
+__all__ = ["IMAGE_FILE", "digest_hex", "image_manifest", "image_pin_key", "image_source", "is_image",
+           "job_image_manifest_path", "write_job_image_manifest"]
+
+IMAGE_FILE = "image.sqfs"
+_DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+
+def digest_hex(digest: str) -> str:
+    """The 64 hex digits of ``sha256:<hex>`` (ValueError otherwise)."""
+    m = _DIGEST.match(digest)
+    if not m:
+        raise ValueError(f"not a sha256 digest: {digest!r}")
+    return m.group(1)
+
+
+def image_pin_key(digest: str) -> str:
+    """The pin record's name (``pins/<key>.json``) of image ``digest``."""
+    return f"oci-{digest_hex(digest)}"
+
+
+def image_source(pin: ImagePin) -> str:
+    """The Manifest source of the pinned image: ``oci://<resolved>``."""
+    return f"oci://{pin.resolved}"
+
+
+def image_manifest(pin: ImagePin, sqfs_sha256: str, sqfs_size: int) -> Manifest:
+    """The one-file Manifest of the image's squashfs."""
+    return Manifest(kind="oci", source=image_source(pin), revision=pin.digest,
+                    files=(ManifestFile(path=IMAGE_FILE, size=sqfs_size, sha256=sqfs_sha256),))
+
+
+def is_image(m: Manifest) -> bool:
+    """An image entry (for ``slurm-bt cache``'s listings)."""
+    return m.kind == "oci"
+
+
+def job_image_manifest_path(job_dir: str | Path) -> Path:
+    """``<job_dir>/image/manifest.json``: the final Manifest the prolog stages to the node tier."""
+    return Path(job_dir) / "image" / "manifest.json"
+
+
+def write_job_image_manifest(job_dir: str | Path, m: Manifest) -> Path:
+    """Write the job's image Manifest (canonical JSON, 0600, temp + fsync + rename)."""
+    path = job_image_manifest_path(job_dir)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    write_file_atomic(path, m.canonical_json(), mode=0o600)
+    return path
