@@ -242,12 +242,15 @@ def ours(source: str, endpoints: StorageEndpoints, creds: Any, root: Path) -> tu
 # -- S3 ----------------------------------------------------------------------------------------------------
 
 
+SINGLE_PUT_MAX = 5 * GiB  # S3's limit for one PUT; bigger objects are uploaded in parts, as a real bucket needs
+
+
 def upload_s3(client: Any, ds: Dataset, data: Path) -> None:
     """Put every file of ``ds`` under ``<name>/`` from disk: single-part up to 5 GiB (as the earlier
     runs did; a real S3 PUT allows no more), multipart beyond; files of 64 MiB and more are streamed."""
     from boto3.s3.transfer import TransferConfig
 
-    cfg = TransferConfig(multipart_threshold=5 * GiB, multipart_chunksize=64 * MiB, max_concurrency=4)
+    cfg = TransferConfig(multipart_threshold=SINGLE_PUT_MAX, multipart_chunksize=64 * MiB, max_concurrency=4)
 
     def put(rel: str) -> None:
         key = f"{ds.name}/{rel}"
