@@ -468,6 +468,10 @@ def bench_gpu(work: Path, mib: int, node: str) -> None:
         return
     tag = f"{int(time.time())}"
     ds = Dataset("big", 1, mib * MiB)
+    if free_bytes(work) < 2 * ds.total + 2 * GiB:  # the source file and the naive job's download
+        RESULTS["notes"].append(f"GPU-held section skipped: a {mib} MiB model needs ~{(2 * ds.total) / GiB + 2:.0f} "
+                                f"GiB free in {work}")
+        return
     repo_dir = f"gpu-{tag}"  # a fresh repo: the first staged job is a node miss
     data = work / "gpu-data"
     write_dataset(ds, data / repo_dir)
