@@ -175,7 +175,7 @@ class JobSpec(_Frozen):
     docker_auth: DockerAuthSpec | None
     # Set by bt-sbatch after pinning (slurm_bt/images/pin.py); None when the site runtime is "none".
     image_pin: ImagePin | None = None
-    container_runtime: Literal["pyxis", "apptainer", "none"]
+    container_runtime: Literal["charliecloud", "pyxis", "apptainer", "none"]
     nodes: int
     gpus_per_node: int
     accelerator: str | None

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from slurm_bt.job_spec import JobSpec, slugify
 from slurm_bt.site.settings import expand_path
 
-__all__ = ["CHECKPOINT_REL", "HANDOFF_RECORDS_DIR", "RUNTIME_PREFIX", "BindMount", "JobLayout", "job_layout",
-           "runtime_dir", "user_runtime_dir"]
+__all__ = ["CHECKPOINT_REL", "HANDOFF_RECORDS_DIR", "IMAGE_FILE", "IMAGE_LINK", "RUNTIME_PREFIX", "BindMount",
+           "JobLayout", "image_path", "job_layout", "runtime_dir", "user_runtime_dir"]
 
 BASETEN_WORKDIR = "/b10/workspace"
 RUNTIME_PREFIX = "slurm-bt-"
@@ -31,6 +31,11 @@ CHECKPOINT_REL = ("mnt", "checkpoints")
 Spelled here because :func:`job_layout` builds it; ``slurm_bt.checkpoints.locations`` derives every
 other use (the flush, the epilog's keep-on-removal) from it, so the parts never disagree.
 """
+IMAGE_LINK = "img"
+"""``<node_cache>/jobs/<job id>/img``: the prolog's root-owned link to the job's staged image entry
+(slurm_bt/weights/node_stage.py ``stage_image_for_job``), beside the weights' ``w<i>`` links."""
+IMAGE_FILE = "image.sqfs"
+"""The one file of an image's cache entry (docs/containers.md): the flattened root filesystem."""
 HANDOFF_RECORDS_DIR = ".slurm-bt-handoff"
 """Where the epilog records scratch it kept for a checkpoint hand-off, under the scratch root
 (one ``<job id>.json`` each); read by the stale-scratch sweep and ``admin doctor``."""
@@ -95,6 +100,18 @@ def runtime_dir(spec: JobSpec, job_id: str) -> str:
     return f"{user_runtime_dir(spec.storage['runtime'], user=ctx.user, uid=ctx.uid, home=ctx.home)}/{job_id}"
 
 
+def image_path(spec: JobSpec, job_id: str, node: str | None) -> str:
+    """The squashfs the container runtime starts: ``<node_cache>/jobs/<job id>/img/image.sqfs``.
+
+    The link is root's (the prolog made it after checking the entry), so the runtime, started as the
+    user, opens a file the user can neither swap nor write. With ``node=None`` a ``%n`` in the node
+    cache root stays unexpanded (the renderer turns it into ``$SLURMD_NODENAME``).
+    """
+    ctx = spec.context
+    root = expand_path(spec.storage["node_cache"], user=ctx.user, uid=ctx.uid, home=ctx.home, node=node)
+    return f"{root}/jobs/{job_id}/{IMAGE_LINK}/{IMAGE_FILE}"
+
+
 def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | None = None,
                team: str | None = None) -> JobLayout:
     """Compute the layout of job ``job_id`` on node ``node``.
@@ -122,6 +139,11 @@ def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | N
     binds: list[BindMount] = []
 
     workdir = spec.src_dir
+    if spec.container_runtime == "charliecloud":
+        # ch-run binds nothing of the host's but /dev, /proc, /sys, /tmp (and, before Charliecloud
+        # 0.32, the home directory, which slurm-bt turns off): the entry script and job.json must be
+        # shown to the container. First, so that binds inside the job dir land on a path that exists.
+        binds.append(BindMount(ctx.job_dir, ctx.job_dir))
     if in_container:
         workdir = BASETEN_WORKDIR if spec.enable_baseten_workdir else spec.src_dir
         binds.append(BindMount(spec.src_dir, workdir))

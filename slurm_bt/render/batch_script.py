@@ -20,12 +20,14 @@ import re
 from collections.abc import Iterable, Sequence
 
 from slurm_bt.job_spec import JobSpec
-from slurm_bt.node.job_paths import BindMount, job_layout, runtime_dir
+from slurm_bt.node.job_paths import BindMount, image_path, job_layout, runtime_dir
 from slurm_bt.render.quoting import Var, sbatch_directive_value, shq, shq_concat
 
 __all__ = [
+    "CH_RUN_PRELUDE",
     "ENTRY_NAME",
     "SESSION_CONTAINER_PREFIX",
+    "charliecloud_argv_lines",
     "container_image_ref",
     "render_batch_script",
     "render_node_entry",
@@ -35,16 +37,22 @@ __all__ = [
 
 ENTRY_NAME = "node_entry.sh"
 _JOB = "\x00JOB\x00"  # placeholder for the job id while rendering; becomes "${SLURM_JOB_ID}"
+# Placeholder for the node name in the per-node entry script; becomes "${SLURMD_NODENAME}", so that
+# charliecloud's and apptainer's binds and image path may use the site's ``%n`` node-local roots.
+_NODE = "\x00NODE\x00"
 _BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 def _word(value: str) -> str:
-    """Quote a value that may contain the job-id placeholder."""
+    """Quote a value that may contain the job-id or node-name placeholder."""
     parts: list[str | Var] = []
-    for i, piece in enumerate(value.split(_JOB)):
-        if i:
+    for piece in re.split(f"({_JOB}|{_NODE})", value):
+        if piece == _JOB:
             parts.append(Var("SLURM_JOB_ID"))
-        parts.append(piece)
+        elif piece == _NODE:
+            parts.append(Var("SLURMD_NODENAME"))
+        elif piece:
+            parts.append(piece)
     return shq_concat(parts)
 
 
@@ -96,8 +104,21 @@ def _mounts_arg(binds: Sequence[BindMount], flag_style: str) -> list[str]:
         return [_word(f"--container-mounts={joined}")] if joined else []
     out = []
     for b in binds:
-        out += ["--bind", _word(f"{b.source}:{b.target}" + (":ro" if b.read_only else ""))]
+        if flag_style == "charliecloud":
+            # ch-run's -b has no read-only flag: weights are read-only by the node cache's permissions
+            # (root-owned 0444 files in 0555 directories; slurm_bt/weights/cache_layout.py).
+            out += ["-b", _word(f"{b.source}:{b.target}")]
+        else:
+            out += ["--bind", _word(f"{b.source}:{b.target}" + (":ro" if b.read_only else ""))]
     return out
+
+
+def _pyxis_image(spec: JobSpec) -> str:
+    """``--container-image``: the node's copy of the pinned squashfs (enroot accepts a squashfs file);
+    a job.json from before images were pinned (no ``image_pin``) still names the registry image."""
+    if spec.image_pin is not None:
+        return _word(image_path(spec, _JOB, None))
+    return shq(container_image_ref(spec.image))
 
 
 def _env_lines(pairs: Iterable[tuple[str, str]]) -> list[str]:
@@ -185,9 +206,9 @@ def render_batch_script(spec: JobSpec) -> str:
         lines += _session_notice("interactive session (on_startup)")
     # -- end interactive sessions
     if spec.container_runtime == "pyxis":
-        if spec.docker_auth:
+        if spec.docker_auth and spec.image_pin is None:
             lines.append(f"export ENROOT_CONFIG_PATH={_word(runtime_dir(spec, _JOB) + '/enroot')}")
-        flags = [f"--container-image={shq(container_image_ref(spec.image))}"]
+        flags = [f"--container-image={_pyxis_image(spec)}"]
         if spec.interactive is not None and spec.interactive.enter_container:  # `slurm-bt ssh` enters it
             flags.append(_word(f"--container-name={SESSION_CONTAINER_PREFIX}{_JOB}"))
         flags += _mounts_arg(layout.binds, "pyxis")
@@ -322,7 +343,9 @@ def _checkpoint_uploader_lines(spec: JobSpec, srun: str, python: str) -> list[st
 
 def render_node_entry(spec: JobSpec) -> str:
     """The per-node entry script: load the node's environment, then run the start commands."""
-    layout = job_layout(spec, job_id=_JOB, node=None)
+    # charliecloud and apptainer start here, on the node: their binds may use %n node-local roots.
+    node = _NODE if spec.container_runtime in ("charliecloud", "apptainer") else None
+    layout = job_layout(spec, job_id=_JOB, node=node)
     env_file = runtime_dir(spec, _JOB) + "/node-"
     entry = shq(f"{spec.context.job_dir}/{ENTRY_NAME}")
     lines = [
@@ -360,13 +383,19 @@ def render_node_entry(spec: JobSpec) -> str:
         # -- end weights
     if spec.container_runtime == "apptainer":
         binds = _mounts_arg(layout.binds, "apptainer")
+        # apptainer runs a squashfs file directly: the node's copy of the pinned image, else (a
+        # job.json from before images were pinned) the registry image.
+        image = "\"$bt_img\"" if spec.image_pin is not None else shq(f"docker://{spec.image}")
         lines += [
             'if [ "${1:-}" != --in-container ]; then',
+            *(_image_check_lines(spec, node) if spec.image_pin is not None else []),
             "  exec " + " ".join(["apptainer", "exec", "--nv", *binds, "--pwd", shq(layout.workdir),
-                                  shq(f"docker://{spec.image}"), "/bin/bash", entry, "--in-container"]),
+                                  image, "/bin/bash", entry, "--in-container"]),
             "fi",
             "unset APPTAINER_DOCKER_USERNAME APPTAINER_DOCKER_PASSWORD",
         ]
+    if spec.container_runtime == "charliecloud":
+        lines += _charliecloud_lines(spec, layout.binds, layout.workdir, entry, node)
     if spec.interactive is not None:
         lines += _session_env_lines(spec)
     lines += [
@@ -389,6 +418,51 @@ def render_node_entry(spec: JobSpec) -> str:
         "done",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _image_check_lines(spec: JobSpec, node: str | None) -> list[str]:
+    """Set ``bt_img`` to the node's copy of the job's image and fail clearly when it is not there."""
+    return [
+        f"  bt_img={_word(image_path(spec, _JOB, node))}",
+        '  if [ ! -f "$bt_img" ]; then',
+        '    echo "slurm-bt: the job\'s image $bt_img is not on $(hostname): the slurm-bt prolog did not stage it" >&2',
+        "    exit 1",
+        "  fi",
+    ]
+
+
+CH_RUN_PRELUDE = (
+    # Charliecloud >= 0.33 (unprivileged overlayfs): --write-fake puts a tmpfs over the read-only
+    # image, so a bind target the image lacks (/mnt/ckpts, a weights mount_location) is created.
+    # Older releases (Debian 12 ships 0.31) need every target to exist in the image, and still bind
+    # the home directory unless told not to: the job sees only its own binds, as under pyxis.
+    "  if ch-run --feature=overlayfs >/dev/null 2>&1; then bt_ch=(ch-run --write-fake); "
+    "else bt_ch=(ch-run --no-home); fi"
+)
+
+
+def charliecloud_argv_lines(binds: Sequence[BindMount], workdir: str, image: str) -> list[str]:
+    """``bt_ch+=(...)``: the rest of the ch-run argv, up to the ``--`` (shared with session.py)."""
+    flags = [*_mounts_arg(binds, "charliecloud"), "-c", shq(workdir), image]
+    return ["  bt_ch+=(" + " ".join(flags) + ")"]
+
+
+def _charliecloud_lines(spec: JobSpec, binds: Sequence[BindMount], workdir: str, entry: str,
+                        node: str | None) -> list[str]:
+    """Re-run this script inside ``ch-run`` on the node's copy of the image (unprivileged, squashfuse).
+
+    ch-run passes the environment through (the ``BT_*``, ``SLURM_*``, ``MASTER_*`` and config values
+    loaded above, and ``CUDA_VISIBLE_DEVICES``); GPUs need the site's ``ch-fromhost --nvidia`` step on
+    images that do not carry the driver libraries (docs/containers.md §Runtimes).
+    """
+    return [
+        'if [ "${1:-}" != --in-container ]; then',
+        *_image_check_lines(spec, node),
+        CH_RUN_PRELUDE,
+        *charliecloud_argv_lines(binds, workdir, '"$bt_img"'),
+        f'  exec "${{bt_ch[@]}}" -- /bin/bash {entry} --in-container',
+        "fi",
+    ]
 
 
 def session_env_path(spec: JobSpec, job_id: str, rank: int | str) -> str:

@@ -14,7 +14,13 @@ runs one command). Where it runs:
   ``--container-name=NAME:exec`` enters its namespaces); otherwise in a new container of the job's
   image with the job's mounts (a named container would outlive the job under pyxis's default scope);
 * ``apptainer``: in a new ``apptainer exec`` of the job's image with the job's bind mounts (apptainer
-  has no "enter the running instance" for a plain ``exec``).
+  has no "enter the running instance" for a plain ``exec``);
+* ``charliecloud``: in a new ``ch-run`` of the node's copy of the job's image with the job's binds
+  (ch-run containers have no name to join; a new one on the same squashfs and binds sees the same
+  files, and the saved environment gives it the same variables).
+
+With a pinned image (``image_pin``), every runtime starts the node's copy of the image that the
+prolog staged for the job (``<node_cache>/jobs/<job id>/img/image.sqfs``), never the registry.
 """
 
 from __future__ import annotations
@@ -22,8 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurm_bt.job_spec import JobSpec
-from slurm_bt.node.job_paths import job_layout, runtime_dir
-from slurm_bt.render.batch_script import SESSION_CONTAINER_PREFIX, container_image_ref, session_env_path
+from slurm_bt.node.job_paths import image_path, job_layout, runtime_dir
+from slurm_bt.render.batch_script import (
+    CH_RUN_PRELUDE,
+    SESSION_CONTAINER_PREFIX,
+    container_image_ref,
+    session_env_path,
+)
 
 __all__ = ["SESSION_ENV_WAIT_S", "SESSION_SCRIPT", "SessionCommand", "session_command"]
 
@@ -91,16 +102,28 @@ def session_command(spec: JobSpec, job_id: str, node: str, rank: int, command: s
             return SessionCommand((f"--container-name={SESSION_CONTAINER_PREFIX}{job_id}:exec", workdir),
                                   tuple(script), limit)
         mounts = ",".join(f"{b.source}:{b.target}" + (":ro" if b.read_only else "") for b in layout.binds)
-        args = [f"--container-image={container_image_ref(spec.image)}"]
+        pinned = spec.image_pin is not None
+        args = [f"--container-image={image_path(spec, job_id, node) if pinned else container_image_ref(spec.image)}"]
         if mounts:
             args.append(f"--container-mounts={mounts}")
         # step 1 wrote the registry credentials there for step 2; they stay until the epilog
-        env = (("ENROOT_CONFIG_PATH", f"{runtime_dir(spec, job_id)}/enroot"),) if spec.docker_auth else ()
+        env = ((("ENROOT_CONFIG_PATH", f"{runtime_dir(spec, job_id)}/enroot"),)
+               if spec.docker_auth and not pinned else ())
         return SessionCommand((*args, workdir), tuple(script), limit, env)
     if spec.container_runtime == "apptainer":
         binds: list[str] = []
         for b in layout.binds:
             binds += ["--bind", f"{b.source}:{b.target}" + (":ro" if b.read_only else "")]
-        wrapped = ["apptainer", "exec", "--nv", *binds, "--pwd", layout.workdir, f"docker://{spec.image}", *script]
+        image = image_path(spec, job_id, node) if spec.image_pin is not None else f"docker://{spec.image}"
+        wrapped = ["apptainer", "exec", "--nv", *binds, "--pwd", layout.workdir, image, *script]
+        return SessionCommand((), tuple(wrapped), limit)
+    if spec.container_runtime == "charliecloud":
+        ch_binds: list[str] = []
+        for b in layout.binds:
+            ch_binds += ["-b", f"{b.source}:{b.target}"]
+        # The same ch-run choice as node_entry.sh (--write-fake when this Charliecloud has it).
+        launcher = CH_RUN_PRELUDE.strip() + '; exec "${bt_ch[@]}" "$@"'
+        wrapped = ["/bin/bash", "-c", launcher, "bt-ch-run", *ch_binds, "-c", layout.workdir,
+                   image_path(spec, job_id, node), "--", *script]
         return SessionCommand((), tuple(wrapped), limit)
     return SessionCommand((), tuple(script), limit)

@@ -246,7 +246,9 @@ class SiteSettings(_Strict):
             share of the partition's nodes, read from Slurm; docs/compatibility.md).
         mem_per_gpu: memory per GPU (``"32Gi"``) when a GPU config leaves ``memory`` at truss's
             default (unset: the share of the partition's nodes).
-        container_runtime: ``pyxis`` (``srun --container-image``), ``apptainer`` or ``none``.
+        container_runtime: ``charliecloud`` (``ch-run`` on the node's copy of the image's squashfs),
+            ``pyxis`` (``srun --container-image``), ``apptainer`` (``apptainer exec``) or ``none``
+            (docs/containers.md §Runtimes).
         python: absolute interpreter with slurm-bt installed on every node; ``None`` uses the one
             running the submission (right when the install is on a shared path).
         requeue: whether jobs are requeued by Slurm after node failure or preemption.
@@ -269,7 +271,7 @@ class SiteSettings(_Strict):
     )
     cpus_per_gpu: int = Field(default=0, ge=0, le=1024)
     mem_per_gpu: str | None = None
-    container_runtime: Literal["pyxis", "apptainer", "none"] = "none"
+    container_runtime: Literal["charliecloud", "pyxis", "apptainer", "none"] = "none"
     python: str | None = None
     requeue: bool = False
     max_snapshot_bytes: int = Field(default=5 * 1024**3, gt=0)
@@ -283,12 +285,14 @@ class SiteSettings(_Strict):
 
     @model_validator(mode="after")
     def _containers_need_uniform_paths(self) -> SiteSettings:
-        """A container bind-mount list is one string for every node, so it cannot expand ``%n``."""
-        if self.container_runtime != "none":
+        """pyxis takes its bind mounts and image on the ``srun`` line of the batch script, one string for
+        every node, so it cannot expand ``%n``; charliecloud and apptainer are started by the per-node
+        entry script, which expands ``%n`` to ``$SLURMD_NODENAME`` (slurm_bt/render/batch_script.py)."""
+        if self.container_runtime == "pyxis":
             for key, value in self.storage.model_dump().items():
                 if "%n" in value:
-                    raise ValueError(f"storage.{key} uses %n, which container runtimes cannot expand; "
-                                     "use a path that is the same on every node")
+                    raise ValueError(f"storage.{key} uses %n, which pyxis cannot expand (its mounts are on the "
+                                     "srun line); use a path that is the same on every node")
         return self
 
     @field_validator("accelerators")

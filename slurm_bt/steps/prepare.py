@@ -54,7 +54,9 @@ def node_environment(spec: JobSpec, environ: Mapping[str, str], store: SecretSto
     values += [(k, v) for k, v in (("HOME", pw.pw_dir), ("USER", pw.pw_name), ("LOGNAME", pw.pw_name))
                if k not in configured]
     values += [(key, store.get(name)) for key, name in spec.secret_env]
-    if spec.docker_auth is not None and spec.container_runtime == "apptainer":
+    # A pinned image is already on the node (the prolog staged it): registry credentials reach only the
+    # staging job (docs/containers.md); an unpinned job.json still pulls on the node, as before.
+    if spec.docker_auth is not None and spec.container_runtime == "apptainer" and spec.image_pin is None:
         user, password = registry_login(spec, store)
         values += [("APPTAINER_DOCKER_USERNAME", user), ("APPTAINER_DOCKER_PASSWORD", password)]
     return values
@@ -156,7 +158,7 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str
     runtime = Path(layout.runtime)
     _make_user_runtime(runtime.parent)
     make_private_dir(runtime)
-    if spec.docker_auth is not None and spec.container_runtime == "pyxis":
+    if spec.docker_auth is not None and spec.container_runtime == "pyxis" and spec.image_pin is None:
         make_private_dir(runtime / "enroot")
         user, password = registry_login(spec, store)
         write_file_atomic(runtime / "enroot" / ".credentials",

@@ -15,7 +15,12 @@ if [ "${1:-}" != --in-container ]; then
   unset bt_env bt_kv
 fi
 if [ "${1:-}" != --in-container ]; then
-  exec apptainer exec --nv --bind /home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd/src:/b10/workspace --bind /dev/shm/slurm-bt-1001:/dev/shm/slurm-bt-1001 --bind /local/scratch:/local/scratch --bind /local/scratch/"${SLURM_JOB_ID}"/mnt/checkpoints:/mnt/ckpts --bind /local/scratch/"${SLURM_JOB_ID}"/mnt/loaded_checkpoints:/tmp/loaded_checkpoints --bind /var/lib/slurm-bt-dev/shared/cache:/var/lib/slurm-bt-dev/shared/cache --bind /local/scratch/"${SLURM_JOB_ID}"/mnt/cache:/root/.cache --bind /local/weights/jobs/"${SLURM_JOB_ID}"/w0:/app/models/qwen:ro --pwd /b10/workspace docker://ghcr.io/acme/trainer:1.2 /bin/bash /home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd/node_entry.sh --in-container
+  bt_img=/local/weights/jobs/"${SLURM_JOB_ID}"/img/image.sqfs
+  if [ ! -f "$bt_img" ]; then
+    echo "slurm-bt: the job's image $bt_img is not on $(hostname): the slurm-bt prolog did not stage it" >&2
+    exit 1
+  fi
+  exec apptainer exec --nv --bind /home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd/src:/b10/workspace --bind /dev/shm/slurm-bt-1001:/dev/shm/slurm-bt-1001 --bind /local/scratch:/local/scratch --bind /local/scratch/"${SLURM_JOB_ID}"/mnt/checkpoints:/mnt/ckpts --bind /local/scratch/"${SLURM_JOB_ID}"/mnt/loaded_checkpoints:/tmp/loaded_checkpoints --bind /var/lib/slurm-bt-dev/shared/cache:/var/lib/slurm-bt-dev/shared/cache --bind /local/scratch/"${SLURM_JOB_ID}"/mnt/cache:/root/.cache --bind /local/weights/jobs/"${SLURM_JOB_ID}"/w0:/app/models/qwen:ro --pwd /b10/workspace "$bt_img" /bin/bash /home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd/node_entry.sh --in-container
 fi
 unset APPTAINER_DOCKER_USERNAME APPTAINER_DOCKER_PASSWORD
 cd -- /b10/workspace || exit 1

@@ -13,14 +13,31 @@ from pathlib import Path
 
 import pytest
 
+from slurm_bt.job_spec import ImagePin, JobSpec
 from slurm_bt.render.batch_script import render_batch_script, render_node_entry
 from slurm_bt.site.settings import AcceleratorMapping, SiteSettings
-from tests.spec_helpers import GOLDEN, spec_for
+from tests.spec_helpers import GOLDEN
+from tests.spec_helpers import spec_for as _spec_for
 
 CONFIGS = GOLDEN / "configs"
 PYXIS = SiteSettings(container_runtime="pyxis", storage={"scratch": "/local/scratch", "node_cache": "/local/weights"})
 APPTAINER = SiteSettings(container_runtime="apptainer",
                          storage={"scratch": "/local/scratch", "node_cache": "/local/weights"})
+# charliecloud (and apptainer) start on the node, so node-local roots may use %n (the dev cluster's).
+CHARLIECLOUD = SiteSettings(container_runtime="charliecloud",
+                            storage={"scratch": "/local/%n/scratch", "node_cache": "/local/%n/weights"})
+DIGEST = "sha256:" + "ab" * 32
+
+
+def spec_for(config: Path, site: SiteSettings | None = None) -> JobSpec:
+    """The job as bt-sbatch submits it: a container runtime's image pinned at submit (slurm_bt/images/)."""
+    spec = _spec_for(config, site or SiteSettings())
+    if spec.container_runtime == "none":
+        return spec
+    pin = ImagePin(reference=spec.image, resolved=f"registry.example.com/team/train@{DIGEST}", digest=DIGEST)
+    return spec.model_copy(update={"image_pin": pin})
+
+
 BIG_SITE = SiteSettings(
     accelerators={"H100": AcceleratorMapping(gres_type="h100", partition="hopper")},
     cpus_per_gpu=8,
@@ -36,6 +53,7 @@ CASES = {
     "host_runtime": ("containers.py", SiteSettings()),
     "pyxis": ("containers.py", PYXIS),
     "apptainer": ("containers.py", APPTAINER),
+    "charliecloud": ("containers.py", CHARLIECLOUD),
     "weights": ("weights.py", PYXIS),
 }
 
@@ -83,11 +101,27 @@ def test_multi_node_requests() -> None:
 
 
 def test_pyxis_secret_values_and_image_ref() -> None:
-    spec = spec_for(CONFIGS / "containers.py", PYXIS)
+    """A job.json from before pinning (no image_pin): pyxis pulls the registry image with the job's
+    registry credentials; a pinned job runs the node's squashfs and needs no credentials on the nodes."""
+    spec = _spec_for(CONFIGS / "containers.py", PYXIS)
     script = render_batch_script(spec)
     assert "--container-image='ghcr.io#acme/trainer:1.2'" in script
     assert "ENROOT_CONFIG_PATH" in script
     assert "/app/models/qwen:ro" in script
+    pinned = render_batch_script(spec_for(CONFIGS / "containers.py", PYXIS))
+    assert '--container-image=/local/weights/jobs/"${SLURM_JOB_ID}"/img/image.sqfs' in pinned
+    assert "ENROOT_CONFIG_PATH" not in pinned
+
+
+def test_charliecloud_binds_expand_node_on_the_node() -> None:
+    """charliecloud starts in node_entry.sh, so %n node-local roots become $SLURMD_NODENAME there
+    (pyxis refuses them: its mounts are on the batch script's srun line)."""
+    entry = render_node_entry(spec_for(CONFIGS / "containers.py", CHARLIECLOUD))
+    assert "%n" not in entry
+    assert 'bt_img=/local/"${SLURMD_NODENAME}"/weights/jobs/"${SLURM_JOB_ID}"/img/image.sqfs' in entry
+    assert '-b /local/"${SLURMD_NODENAME}"/weights/jobs/"${SLURM_JOB_ID}"/w0:/app/models/qwen' in entry
+    with pytest.raises(ValueError, match="pyxis cannot expand"):
+        SiteSettings(container_runtime="pyxis", storage={"scratch": "/local/%n/scratch"})
 
 
 def test_cpu_jobs_request_no_gpu() -> None:
