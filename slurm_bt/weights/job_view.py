@@ -64,7 +64,7 @@ def job_weights_dir(node_cache: NodeCache | Path, job_id: str) -> Path:
 
 
 def link_job_weights(node_cache: NodeCache | Path, job_id: str, index: int, manifest: Manifest, *,
-                     pending: bool = False) -> Path:
+                     pending: bool = False, name: str | None = None, snapshot: Path | None = None) -> Path:
     """Point ``<node_root>/jobs/<job_id>/w<index>`` at the staged snapshot of ``manifest``.
 
     Idempotent and atomic (a requeued job gets the link replaced in one ``rename``). The entry must
@@ -76,6 +76,10 @@ def link_job_weights(node_cache: NodeCache | Path, job_id: str, index: int, mani
     Returns:
         The link path (what the container runtime binds at ``mount_location``).
 
+    ``name`` replaces ``w<index>`` (the job's image is linked as ``img``: slurm_bt/node/job_paths.py);
+    ``snapshot`` points the link at a complete snapshot outside the node cache (an image read in place
+    from the root-owned shared tier when the site asks for no node copy; docs/containers.md).
+
     Raises:
         StorageError: the entry is not staged, or ``jobs/<job_id>`` exists as something other than a
             real directory.
@@ -85,8 +89,8 @@ def link_job_weights(node_cache: NodeCache | Path, job_id: str, index: int, mani
     # The entry may live in a team's private subtree (NodeCache.audience); jobs/ is always in the base.
     entry = node_cache.layout if isinstance(node_cache, NodeCache) else CacheLayout(Path(node_cache))
     layout = CacheLayout(_root_of(node_cache))
-    snap = entry.snapshot(manifest.manifest_id)
-    if not pending and not (entry.is_complete(manifest) and snap.is_dir()):
+    snap = entry.snapshot(manifest.manifest_id) if snapshot is None else snapshot
+    if snapshot is None and not pending and not (entry.is_complete(manifest) and snap.is_dir()):
         raise StorageError(str(snap), f"weights {manifest.source} are not staged on this node")
     job_dir = job_weights_dir(layout.root, job_id)
     layout.jobs.mkdir(mode=0o755, exist_ok=True)
@@ -95,8 +99,9 @@ def link_job_weights(node_cache: NodeCache | Path, job_id: str, index: int, mani
     except FileExistsError:
         if not stat.S_ISDIR(os.lstat(job_dir).st_mode):
             raise StorageError(str(job_dir), "exists but is not a directory; refusing to use it") from None
-    link = job_dir / f"w{index}"
-    tmp = job_dir / f".w{index}.{tmp_name('link')}"
+    leaf = name or f"w{index}"
+    link = job_dir / leaf
+    tmp = job_dir / f".{leaf}.{tmp_name('link')}"
     os.symlink(snap, tmp)
     try:
         os.rename(tmp, link)

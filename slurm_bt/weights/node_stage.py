@@ -64,15 +64,20 @@ if TYPE_CHECKING:
     from slurm_bt.weights.plan import WeightsPlan
 
 __all__ = [
+    "IMAGE_RECORD",
     "NODE_RECORD",
     "PreparedWeights",
     "WeightsJobError",
     "epilog_enforce_lru",
     "epilog_release_leases",
+    "load_job_image_manifest",
     "load_job_manifests",
+    "prepare_job_image",
     "prepare_job_weights",
+    "read_node_image_record",
     "read_node_record",
     "stage_for_job",
+    "stage_image_for_job",
 ]
 
 NODE_RECORD = "weights.json"
@@ -183,24 +188,27 @@ def load_job_manifests(job_dir: str, count: int) -> list[str]:
     """
     from slurm_bt.weights.plan import job_manifest_path
 
-    out = []
-    for i in range(count):
-        path = job_manifest_path(job_dir, i)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError as exc:
-            raise WeightsJobError(f"{path}: {exc.strerror}: the weights of job.weights[{i}] were not staged "
-                                  "(did the staging job finish?)") from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise WeightsJobError(f"{path}: not a regular file")
-            raw = os.read(fd, _MAX_MANIFEST + 1)
-        finally:
-            os.close(fd)
-        if len(raw) > _MAX_MANIFEST:
-            raise WeightsJobError(f"{path}: larger than {_MAX_MANIFEST} bytes")
-        out.append(raw.decode("utf-8", "replace"))
-    return out
+    return [_read_user_manifest(job_manifest_path(job_dir, i), f"the weights of job.weights[{i}]")
+            for i in range(count)]
+
+
+def _read_user_manifest(path: str | Path, what: str, *, follow: bool = True) -> str:
+    """One manifest from the user's job dir (as the user): a regular file (a FIFO does not block
+    us: O_NONBLOCK), at most ``_MAX_MANIFEST`` bytes; a symlink is followed (with the user's rights)
+    unless ``follow`` is False."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
+    except OSError as exc:
+        raise WeightsJobError(f"{path}: {exc.strerror}: {what} were not staged (did the staging job finish?)") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise WeightsJobError(f"{path}: not a regular file")
+        raw = os.read(fd, _MAX_MANIFEST + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > _MAX_MANIFEST:
+        raise WeightsJobError(f"{path}: larger than {_MAX_MANIFEST} bytes")
+    return raw.decode("utf-8", "replace")
 
 
 def stage_for_job(
@@ -248,37 +256,13 @@ def stage_for_job(
         StorageError / OSError: I/O on the node cache; EIO/EROFS/ENOSPC-class errors there are node
             faults, the prolog's classification applies.
     """
-    from slurm_bt.site.settings import expand_path
-    from slurm_bt.weights.job_view import link_job_weights
 
     site = site or _trusted_site()
     job_id = environ["SLURM_JOB_ID"]
     if len(manifests) != len(spec.weights):
         raise WeightsJobError(f"job declares {len(spec.weights)} weights sources but {len(manifests)} manifests "
                               "were found")
-    from slurm_bt.weights.cluster_cache import team_tier_problem
-    from slurm_bt.weights.node_cache import NodeAudience, set_dir_owner_mode
-
-    uid = int(environ.get("SLURM_JOB_UID", "0"))
-    gid = team_gid if team_gid is not None else int(environ.get("SLURM_JOB_GID", os.getgid()))
-    base = expand_path(site.storage.cluster_cache, user=environ.get("SLURM_JOB_USER", ""), uid=uid, home=_home(uid))
-    shared, team_tier = _tiers_for_node(site, base, team)
-    if shared.refused is not None and log is not None:
-        log(f"slurm-bt weights: warning: shared tier {shared.refused}")
-    problem = team_tier_problem(team_tier.root, gid)
-    if problem is not None:
-        raise WeightsJobError(f"the team cache directory {team_tier.root} {problem}; refusing to use it (someone "
-                              f"else created it first). Fix: an admin removes it (rm -rf {team_tier.root}), then "
-                              "resubmit; the next staging job recreates it for your team")
-    public_node = _node_cache(site, environ)
-    team_node = _node_cache(site, environ, NodeAudience(team, gid))
-    public_node.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-
-    def authorize(m: Manifest) -> None:
-        if not (team_tier.has(m) or shared.has(m)):
-            raise WeightsJobError(f"{m.source}@{m.revision[:12]} is not complete in the cluster cache of team "
-                                  f"{team!r} or the shared tier; only weights staged for your team are served")
-
+    nodes = _NodeTiers.open(environ, site, team, team_gid, log)
     entries: list[dict[str, Any]] = []
     waiting: list[tuple[dict[str, Any], NodeCache, Manifest]] = []
     t_start = time.monotonic()
@@ -289,50 +273,245 @@ def stage_for_job(
             raise WeightsJobError(f"job.weights[{i}]: invalid manifest ({type(exc).__name__})") from None
         if not _source_matches(w.source, m):
             raise WeightsJobError(f"job.weights[{i}]: the staged manifest is for {m.source}, not {w.source}")
-        t0 = time.monotonic()
-        public = _is_public(w, m, shared)
-        node = public_node if public else team_node
-        hit = node.is_ready(m)
-        key = None
-        if stager is None or hit:
-            node.stage(m, [shared, team_tier], job_id, authorize=authorize)
-        elif not node.join(m, job_id, authorize=authorize):
-            key = _start_stager(node, m, stager, base=base, team=team, shared=shared, site=site)
-        if not public and public_node.withdraw(m) and log is not None:  # left world-readable by older versions
-            log(f"slurm-bt weights: withdrew {m.source}@{m.revision[:12]} from the node-wide layout "
-                f"(credentialed entries are team {team}'s only)")
-        link = link_job_weights(node, job_id, i, m, pending=key is not None)
-        entry = {"index": i, "source": f"{m.source}@{m.revision[:12]}", "manifest_id": m.manifest_id,
-                 "mount_location": w.mount_location, "tier": "node-hit" if hit else "cluster-hit",
-                 "audience": "public" if public else f"team {team}",
-                 "bytes": m.total_bytes, "seconds": round(time.monotonic() - t0, 4), "path": str(link)}
-        if key is not None:
-            entry.update(tier="node-staging", stager=key)
+        entry, node = nodes.stage_entry(m, job_id, _is_public(w, m, nodes.shared), stager, index=i)
+        entry["mount_location"] = w.mount_location
+        if entry["tier"] == "node-staging":
             waiting.append((entry, node, m))
         entries.append(entry)
     if waiting and stager is not None:
-        # A short wait keeps small misses looking as before (ready when the prolog ends).
-        limit = t_start + (stager.prolog_wait_s if wait_s is None else wait_s)
-        while waiting and time.monotonic() < limit:
-            time.sleep(0.2)
-            for item in list(waiting):
-                if item[1].is_ready(item[2]):
-                    item[0].update(tier="cluster-hit", seconds=round(time.monotonic() - t_start, 4))
-                    item[0].pop("stager", None)
-                    waiting.remove(item)
+        _short_wait(waiting, t_start + (stager.prolog_wait_s if wait_s is None else wait_s))
     for entry in entries:
         if log is not None:
             log(_line(entry))
-    job_dir = public_node.base.jobs / job_id
-    job_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-    write_file_atomic(job_dir / NODE_RECORD, json.dumps({"job_id": job_id, "weights": entries}).encode(), mode=0o644)
-    # The record and links name the job's sources (a private repo's name, its manifest id): only the
-    # job's user (and its primary group) may look inside; the container runtime and bwrap resolve the
-    # links as that user.
-    job_gid = int(environ.get("SLURM_JOB_GID", "-1"))
-    if job_gid >= 0:
-        set_dir_owner_mode(job_dir, job_gid, 0o750)
+    nodes.write_record(environ, job_id, NODE_RECORD, {"job_id": job_id, "weights": entries})
     return entries
+
+
+def _short_wait(waiting: list[tuple[dict[str, Any], NodeCache, Manifest]], limit: float) -> None:
+    """A short wait keeps small node misses looking as before (ready when the prolog ends)."""
+    t_start = time.monotonic()
+    while waiting and time.monotonic() < limit:
+        time.sleep(0.2)
+        for item in list(waiting):
+            if item[1].is_ready(item[2]):
+                item[0].update(tier="cluster-hit", seconds=round(float(item[0]["seconds"]) + time.monotonic()
+                                                                 - t_start, 4))
+                item[0].pop("stager", None)
+                waiting.remove(item)
+
+
+@dataclass
+class _NodeTiers:
+    """One job's view of the cluster tiers (shared, its team's) and of this node's cache (the node-wide
+    public layout and the team's private subtree): what the weights and the image staging share."""
+
+    base: str
+    team: str
+    shared: ClusterCache
+    team_tier: ClusterCache
+    public_node: NodeCache
+    team_node: NodeCache
+    site: SiteSettings
+    log: Callable[[str], None] | None = None
+
+    @classmethod
+    def open(cls, environ: Mapping[str, str], site: SiteSettings, team: str, team_gid: int | None,
+             log: Callable[[str], None] | None) -> _NodeTiers:
+        from slurm_bt.site.settings import expand_path
+        from slurm_bt.weights.cluster_cache import team_tier_problem
+        from slurm_bt.weights.node_cache import NodeAudience
+
+        uid = int(environ.get("SLURM_JOB_UID", "0"))
+        gid = team_gid if team_gid is not None else int(environ.get("SLURM_JOB_GID", os.getgid()))
+        base = expand_path(site.storage.cluster_cache, user=environ.get("SLURM_JOB_USER", ""), uid=uid,
+                           home=_home(uid))
+        shared, team_tier = _tiers_for_node(site, base, team)
+        if shared.refused is not None and log is not None:
+            log(f"slurm-bt weights: warning: shared tier {shared.refused}")
+        problem = team_tier_problem(team_tier.root, gid)
+        if problem is not None:
+            raise WeightsJobError(f"the team cache directory {team_tier.root} {problem}; refusing to use it (someone "
+                                  f"else created it first). Fix: an admin removes it (rm -rf {team_tier.root}), then "
+                                  "resubmit; the next staging job recreates it for your team")
+        public_node = _node_cache(site, environ)
+        team_node = _node_cache(site, environ, NodeAudience(team, gid))
+        public_node.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        return cls(base, team, shared, team_tier, public_node, team_node, site, log)
+
+    def authorize(self, m: Manifest) -> None:
+        if not (self.team_tier.has(m) or self.shared.has(m)):
+            what = "image" if m.kind == "oci" else "weights"
+            raise WeightsJobError(f"{m.source}@{m.revision[:12]} is not complete in the cluster cache of team "
+                                  f"{self.team!r} or the shared tier; only {what} staged for your team are served")
+
+    def stage_entry(self, m: Manifest, job_id: str, public: bool, stager: StagerPolicy | None, *,
+                    index: int, link_name: str | None = None) -> tuple[dict[str, Any], NodeCache]:
+        """Lease ``m`` to the job on this node (copying it now, or through its node stager) and link it."""
+        from slurm_bt.weights.job_view import link_job_weights
+
+        t0 = time.monotonic()
+        node = self.public_node if public else self.team_node
+        hit = node.is_ready(m)
+        key = None
+        if stager is None or hit:
+            node.stage(m, [self.shared, self.team_tier], job_id, authorize=self.authorize)
+        elif not node.join(m, job_id, authorize=self.authorize):
+            key = _start_stager(node, m, stager, base=self.base, team=self.team, shared=self.shared, site=self.site)
+        if not public and self.public_node.withdraw(m) and self.log is not None:  # left world-readable before
+            self.log(f"slurm-bt weights: withdrew {m.source}@{m.revision[:12]} from the node-wide layout "
+                     f"(credentialed entries are team {self.team}'s only)")
+        link = link_job_weights(node, job_id, index, m, pending=key is not None, name=link_name)
+        entry: dict[str, Any] = {
+            "index": index, "source": f"{m.source}@{m.revision[:12]}", "manifest_id": m.manifest_id,
+            "tier": "node-hit" if hit else "cluster-hit", "audience": "public" if public else f"team {self.team}",
+            "bytes": m.total_bytes, "seconds": round(time.monotonic() - t0, 4), "path": str(link)}
+        if key is not None:
+            entry.update(tier="node-staging", stager=key)
+        return entry, node
+
+    def write_record(self, environ: Mapping[str, str], job_id: str, name: str, data: dict[str, Any]) -> None:
+        """The root-owned record of what was staged for the job (``jobs/<id>/<name>``), which step 1 trusts."""
+        from slurm_bt.weights.node_cache import set_dir_owner_mode
+
+        job_dir = self.public_node.base.jobs / job_id
+        job_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        write_file_atomic(job_dir / name, json.dumps(data).encode(), mode=0o644)
+        # The record and links name the job's sources (a private repo's name, its manifest id): only the
+        # job's user (and its primary group) may look inside; the container runtime and bwrap resolve the
+        # links as that user.
+        job_gid = int(environ.get("SLURM_JOB_GID", "-1"))
+        if job_gid >= 0:
+            set_dir_owner_mode(job_dir, job_gid, 0o750)
+
+
+# -- the job's container image (docs/containers.md): a one-file entry, staged like weights ----------------
+
+IMAGE_RECORD = "image.json"
+IMAGE_MANIFEST_REL = "image/manifest.json"
+"""``<job_dir>/image/manifest.json``: the staging job's (or bt-sbatch's) one-file image Manifest
+(slurm_bt/images/entry.py writes it; spelled here because weights may not import images)."""
+
+
+def load_job_image_manifest(job_dir: str) -> str:
+    """Read ``<job_dir>/image/manifest.json``; run this **as the job user** (the job dir is theirs).
+
+    Not followed if it is a symlink: the contract is a regular file the staging job wrote, and a link
+    is either a mistake or an attempt to make the prolog read something else.
+    """
+    return _read_user_manifest(f"{job_dir}/{IMAGE_MANIFEST_REL}", "the job's image (job.image)", follow=False)
+
+
+def image_manifest_for_job(spec: JobSpec, raw: str | bytes) -> Manifest:
+    """The image Manifest from the job dir, checked against the job's pinned image.
+
+    The pin (in job.json) and the manifest are both the user's files; what makes this safe is the
+    authorization (the entry must be complete in the user's team tier or the shared tier) and the
+    node copy's hashing, as for weights. These checks only turn a mismatch into a clear job failure.
+    """
+    from slurm_bt.node.job_paths import IMAGE_FILE
+
+    pin = spec.image_pin
+    if pin is None:
+        raise WeightsJobError("job.image: the job has no pinned image (resubmit with bt-sbatch)")
+    try:
+        m = Manifest.model_validate_json(raw)
+    except ValueError as exc:
+        raise WeightsJobError(f"job.image: invalid image manifest ({type(exc).__name__})") from None
+    if (m.kind != "oci" or m.source != f"oci://{pin.resolved}" or m.revision != pin.digest
+            or [f.path for f in m.files] != [IMAGE_FILE]):
+        raise WeightsJobError(f"job.image: the staged image manifest is for {m.source}@{m.revision[:19]}, not the "
+                              f"pinned {pin.resolved}; resubmit with bt-sbatch")
+    return m
+
+
+def stage_image_for_job(
+    environ: Mapping[str, str],
+    spec: JobSpec,
+    raw: str | bytes,
+    *,
+    team: str,
+    team_gid: int | None = None,
+    site: SiteSettings | None = None,
+    log: Callable[[str], None] | None = None,
+    stager: StagerPolicy | None = None,
+    wait_s: float | None = None,
+) -> dict[str, Any]:
+    """The prolog's image step on one node (as root): :func:`stage_for_job` for the job's one image entry.
+
+    The entry goes to this node's cache with a lease and LRU like weights (the team's private subtree
+    unless the root-owned shared tier holds it: a squashfs a teammate built is not everyone's), and
+    ``<node_cache>/jobs/<id>/img`` links it for the runtime (slurm_bt/node/job_paths.py ``image_path``).
+    With ``[containers] node_copy = false`` an image in the trusted shared tier is linked in place
+    (``shared-direct``); a team-tier image is always copied and re-hashed (its blobs are a teammate's).
+
+    Returns:
+        The record entry (also written to ``jobs/<id>/image.json``): source, tier, bytes, seconds, path.
+
+    Raises:
+        WeightsJobError and the other exceptions of :func:`stage_for_job`, classified the same way.
+    """
+    from slurm_bt.node.job_paths import IMAGE_LINK
+
+    site = site or _trusted_site()
+    job_id = environ["SLURM_JOB_ID"]
+    m = image_manifest_for_job(spec, raw)
+    nodes = _NodeTiers.open(environ, site, team, team_gid, log)
+    pin = spec.image_pin
+    reference = pin.reference if pin is not None else spec.image
+    t0 = time.monotonic()
+    if not site.containers.node_copy and nodes.shared.trusted_copy and nodes.shared.has(m) \
+            and nodes.shared.snapshot_path(m).is_dir():
+        from slurm_bt.weights.job_view import link_job_weights
+
+        nodes.authorize(m)
+        link = link_job_weights(nodes.public_node, job_id, 0, m, name=IMAGE_LINK,
+                                snapshot=nodes.shared.snapshot_path(m))
+        entry: dict[str, Any] = {"index": 0, "source": f"{m.source}@{m.revision[:12]}", "manifest_id": m.manifest_id,
+                                 "tier": "shared-direct", "audience": "public", "bytes": m.total_bytes,
+                                 "seconds": round(time.monotonic() - t0, 4), "path": str(link)}
+    else:
+        entry, node = nodes.stage_entry(m, job_id, nodes.shared.has(m), stager, index=0, link_name=IMAGE_LINK)
+        if entry["tier"] == "node-staging" and stager is not None:
+            _short_wait([(entry, node, m)], t0 + (stager.prolog_wait_s if wait_s is None else wait_s))
+    entry.update(kind="image", link=IMAGE_LINK, source=f"image {reference}@{m.revision[:19]}")
+    if log is not None:
+        log(_line(entry))
+    nodes.write_record(environ, job_id, IMAGE_RECORD, {"job_id": job_id, "image": entry})
+    return entry
+
+
+def read_node_image_record(node_root: str | Path, job_id: str) -> dict[str, Any] | None:
+    """The prolog's root-owned record of the image it staged for ``job_id`` on this node, or None."""
+    data = _read_root_json(Path(node_root) / "jobs" / job_id / IMAGE_RECORD)
+    if isinstance(data, dict) and isinstance(data.get("image"), dict):
+        return dict(data["image"])
+    return None
+
+
+def prepare_job_image(spec: JobSpec, environ: Mapping[str, str], out: IO[str] | None = None) -> dict[str, Any]:
+    """Step 1 (as the user): wait for the node copy of the job's image when a node stager still runs.
+
+    Returns the node's image entry for the delivery report (``slurm-bt status``).
+
+    Raises:
+        WeightsJobError: the prolog staged no image for this job here, or its node copy stopped.
+    """
+    from slurm_bt.site.settings import expand_path
+
+    out = out or sys.stderr
+    node = environ.get("SLURMD_NODENAME", "node")
+    job_id = environ["SLURM_JOB_ID"]
+    ctx = spec.context
+    node_root = expand_path(spec.storage["node_cache"], user=ctx.user, uid=ctx.uid, home=ctx.home, node=node)
+    entry = read_node_image_record(node_root, job_id)
+    if entry is None:
+        raise WeightsJobError(f"the slurm-bt prolog staged no image for this job on {node} (container jobs run the "
+                              "node's copy of the pinned image; ask an admin to check the prolog's log)")
+    entry["node"] = node
+    if entry.get("tier") == "node-staging":
+        wait_for_node_copies([entry], node_root, job_id, ctx.job_dir, node, out)
+    print(_line(entry) + f" on {node}", file=out, flush=True)
+    return entry
 
 
 def _start_stager(node: NodeCache, m: Manifest, policy: StagerPolicy, *, base: str, team: str,
@@ -353,7 +532,8 @@ def _start_stager(node: NodeCache, m: Manifest, policy: StagerPolicy, *, base: s
 def _line(e: Mapping[str, Any]) -> str:
     from slurm_bt.units import format_bytes
 
-    return f"slurm-bt weights: {e['source']} {e['tier']} {format_bytes(e['bytes'])} in {e['seconds']:.2f} s"
+    what = "image" if e.get("kind") == "image" else "weights"
+    return f"slurm-bt {what}: {e['source']} {e['tier']} {format_bytes(e['bytes'])} in {e['seconds']:.2f} s"
 
 
 def epilog_release_leases(environ: Mapping[str, str], deadline_s: float, site: SiteSettings | None = None) -> None:
@@ -556,7 +736,7 @@ def wait_for_node_copies(entries: list[dict[str, Any]], node_root: str, job_id: 
         for e in list(pending):
             # The snapshot is renamed into place whole (cache_layout.build_snapshot): once the
             # root-owned link resolves to a directory, every file is there and verified.
-            if os.path.isdir(Path(node_root) / "jobs" / job_id / f"w{e['index']}"):
+            if os.path.isdir(Path(node_root) / "jobs" / job_id / str(e.get("link") or f"w{e['index']}")):
                 e.update(tier="cluster-hit", seconds=round(float(e.get("seconds") or 0) + now - t0, 4))
                 for k in ("stager", "progress"):
                     e.pop(k, None)
