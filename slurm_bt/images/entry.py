@@ -13,15 +13,34 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict
+
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.job_spec import ImagePin
+from slurm_bt.site.settings import ContainerSettings
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
-__all__ = ["IMAGE_FILE", "digest_hex", "image_manifest", "image_pin_key", "image_source", "is_image",
+__all__ = ["IMAGE_FILE", "ImagePlan", "digest_hex", "image_manifest", "image_pin_key", "image_source", "is_image",
            "job_image_manifest_path", "write_job_image_manifest"]
 
 IMAGE_FILE = "image.sqfs"
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+
+class ImagePlan(BaseModel):
+    """``<job_dir>/image/plan.json``: what the staging job needs besides job.json.
+
+    The staging job runs with ``--export=NONE`` and may read another site file than the submitter
+    did, so the submit-time decisions travel here (as weights' plan.json does): the team tier and the
+    cluster-cache base to publish into, and the ``[containers]`` settings (CA bundle, size cap).
+    Written by the user into their own job directory: authoritative for their staging job only.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    team: str
+    cluster_cache: str
+    containers: ContainerSettings
 
 
 def digest_hex(digest: str) -> str:

@@ -154,16 +154,16 @@ def _failure(exc: SkopeoFailure, spec: JobSpec, shown: str, ref: ImageRef) -> Ex
                                             "its mirror ([containers] registry_mirrors) is up", transient=True)
 
 
-def cached_image(pin: ImagePin, site: SiteSettings, team: str) -> tuple[Manifest, str] | None:
+def cached_image(pin: ImagePin, cluster_cache: str, team: str) -> tuple[Manifest, str] | None:
     """(Manifest, tier name) of the pinned image when a trusted pin record says it is complete there.
 
-    A public image is looked up in the shared tier (admin-warmed) and then the team tier; a private
-    one only in the team tier (its audience is the team, like private weights).
+    ``cluster_cache`` is the expanded cluster-cache base. A public image is looked up in the shared
+    tier (admin-warmed) and then the team tier; a private one only in the team tier (its audience is
+    the team, like private weights).
     """
-    from slurm_bt.site.settings import user_path
     from slurm_bt.weights.plan import cluster_tiers, lookup_pin
 
-    team_tier, shared_tier = cluster_tiers(user_path(site.storage.cluster_cache), team)
+    team_tier, shared_tier = cluster_tiers(cluster_cache, team)
     tiers = [("team", team_tier)] if pin.private else [("shared", shared_tier), ("team", team_tier)]
     key = image_pin_key(pin.digest)
     for name, tier in tiers:
