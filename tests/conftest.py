@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.servers.fixtures import fake_gcs, fake_hub, seaweed  # noqa: F401  (session fixtures)
+from tests.servers.oci_registry import oci_registries  # noqa: F401  (session fixture: image tests)
 
 REPO = Path(__file__).resolve().parent.parent
 DEVCLUSTER = REPO / "devcluster" / "devcluster.py"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from slurm_bt.errors import ConfigError, Problem, SourceError, SourceUnavailableError
@@ -51,7 +52,7 @@ def resolve_reference(image: str, containers: ContainerSettings, source: str) ->
         raise ConfigError(source, [Problem(_LOC, f"{image!r}: {exc}")]) from None
 
 
-def select_platform(index: dict[str, object], platform: str) -> str:
+def select_platform(index: Mapping[str, object], platform: str) -> str:
     """The digest of ``platform``'s manifest (``os/arch[/variant]``) in an image index.
 
     Raises:

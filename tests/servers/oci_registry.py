@@ -35,7 +35,7 @@ class OciRegistries:
 
     @property
     def ca(self) -> Path:
-        return self.public.ca
+        return Path(self.public.ca)
 
     def push(self, repo: str, tag: str, files: dict[str, bytes] | None = None, *, private: bool = False,
              remove: tuple[str, ...] = (), big_random_bytes: int = 0) -> str:
@@ -45,7 +45,7 @@ class OciRegistries:
         try:
             reg = self.private if private else self.public
             creds = (PRIVATE_USER, PRIVATE_PASSWORD) if private else (None, None)
-            return oci_image.push(layout, "t", reg, repo, tag, user=creds[0], password=creds[1])
+            return str(oci_image.push(layout, "t", reg, repo, tag, user=creds[0], password=creds[1]))
         finally:
             shutil.rmtree(layout.parent, ignore_errors=True)
 

@@ -23,9 +23,10 @@ from slurm_bt.images.reference import parse_reference
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.secrets_store import SecretStore
 from slurm_bt.site.settings import SiteSettings
-from tests.servers.oci_registry import OciRegistries, oci_registries  # noqa: F401  (session fixture)
+from tests.servers.oci_registry import OciRegistries
 
-AUTH = ('docker_auth=definitions.DockerAuth(auth_method=truss_config.DockerAuthType.REGISTRY_SECRET, registry="{registry}", '
+AUTH = ('docker_auth=definitions.DockerAuth(auth_method=truss_config.DockerAuthType.REGISTRY_SECRET, '
+        'registry="{registry}", '
         'registry_secret_docker_auth=definitions.RegistrySecretDockerAuth('
         'secret_ref=definitions.SecretReference(name="regcred")))')
 
@@ -223,7 +224,7 @@ def test_corrupted_layer_is_refused_and_nothing_published(oci_registries: OciReg
     data = bytearray(layer.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, other bytes
     layer.write_bytes(bytes(data))
-    with pytest.raises(SourceError, match="pull failed|refused"):
+    with pytest.raises(SourceError, match=r"pull failed|refused"):
         mirror_image(tmp_path, spec, _plan(site), _store(tmp_path))
     from slurm_bt.weights.plan import cluster_tiers
 
