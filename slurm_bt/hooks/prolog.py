@@ -23,7 +23,10 @@
    team's (or the shared) cluster tier into the root-owned node cache, leases them and links
    ``<node_cache>/jobs/<id>/w<i>``; bounded by what is left of the deadline, so a copy that is too
    slow fails the job (never drains the node). Jobs without weights import none of this;
-7. a root-owned record of what was prepared, which step 1 of the job trusts.
+7. with a pinned container image (``image_pin``, a container runtime): the same for the image's
+   one-file entry, ``<job dir>/image/manifest.json`` (read as the user, never through a symlink),
+   linked as ``<node_cache>/jobs/<id>/img`` (:func:`slurm_bt.weights.node_stage.stage_image_for_job`);
+8. a root-owned record of what was prepared, which step 1 of the job trusts.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from slurm_bt.posix.teams import Team, TeamError, resolve_team
 from slurm_bt.site.settings import expand_path
 from slurm_bt.weights.tier_dirs import STAGING_COMMENT_PREFIX, provision_cluster_tiers
 
-__all__ = ["COMMENT_PREFIX", "main", "prolog_body", "read_job_spec_as_user", "stage_weights"]
+__all__ = ["COMMENT_PREFIX", "main", "prolog_body", "read_job_spec_as_user", "stage_image", "stage_weights"]
 
 COMMENT_PREFIX = "slurm-bt:"
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -310,8 +313,10 @@ def _node_cache_healthy(root: str) -> bool:
 
 
 def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, root: str,
-                 team_gid: int | None = None, budget: float | None = None) -> dict[str, Any]:
-    """Run in a forked root child: stage the job's weights, return a JSON-able, classified outcome.
+                 team_gid: int | None = None, budget: float | None = None,
+                 image: str | None = None) -> dict[str, Any]:
+    """Run in a forked root child: stage the job's weights (or, with ``image``, its image's entry),
+    return a JSON-able, classified outcome.
 
     Why classify here and not in the parent: only the child has the real exception (class, ``errno``,
     the ``OSError`` behind a :class:`~slurm_bt.errors.StorageError`) and can probe the node cache
@@ -334,8 +339,14 @@ def _stage_child(ctx: HookContext, spec: JobSpec, raw: list[str], team: str, roo
 
         policy = policy_from_settings(ctx.settings)
         wait_s = min(policy.prolog_wait_s, max(0.0, (budget or policy.prolog_wait_s + 5) - 5.0))
-        entries = stage_for_job(ctx.env.to_environ(), spec, raw, team=team, team_gid=team_gid, site=ctx.site,
-                                log=lines.append, stager=policy, wait_s=wait_s)
+        if image is not None:
+            from slurm_bt.weights.node_stage import stage_image_for_job
+
+            entries = [stage_image_for_job(ctx.env.to_environ(), spec, image, team=team, team_gid=team_gid,
+                                           site=ctx.site, log=lines.append, stager=policy, wait_s=wait_s)]
+        else:
+            entries = stage_for_job(ctx.env.to_environ(), spec, raw, team=team, team_gid=team_gid, site=ctx.site,
+                                    log=lines.append, stager=policy, wait_s=wait_s)
     except (WeightsJobError, CacheFullError, CacheIntegrityError, CacheLockTimeout) as exc:
         return {"outcome": "job", "message": text(exc), "lines": lines}
     except OSError as exc:  # StorageError included: a blob in no tier, cluster-tier I/O, the node cache
@@ -366,44 +377,91 @@ def stage_weights(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, obje
     Returns:
         The record fields (``weights``: source and tier per declared source).
     """
+    ctx.phase = "weights-manifests"
+    raw = _read_manifests_as_user(ctx, spec)
+    entries = _stage_on_node(ctx, spec, team, raw, None, "weights")
+    ctx.notes.append("weights=" + ",".join(str(e.get("tier")) for e in entries))
+    return {"weights": [{"source": e.get("source"), "tier": e.get("tier")} for e in entries]}
+
+
+def _read_image_manifest_as_user(ctx: HookContext, spec: JobSpec) -> str:
+    """``<job dir>/image/manifest.json``, read in a child dropped to the user (like the weights manifests)."""
+    from slurm_bt.weights.node_stage import load_job_image_manifest
+
+    env = ctx.env
+    job_dir = spec.context.job_dir
+    try:
+        raw = run_as_job_user(lambda: load_job_image_manifest(job_dir), env,
+                              timeout_s=ctx.budget(ctx.settings.user_step_timeout_s),
+                              max_result_bytes=2 * _MANIFEST_MAX + 65536)
+    except PrivilegeDropError as exc:
+        raise NodeFault(f"cannot become user {env.user} (uid {env.uid}): {exc}",
+                        "check NSS (passwd/group lookups) on this node") from None
+    except ChildTimeout:
+        raise HookUserError(f"reading the image manifest in {job_dir}/image as {env.user} did not finish in time "
+                            "(slow home filesystem?)") from None
+    except ChildError as exc:
+        raise HookUserError(f"cannot read the job's image manifest as {env.user}: {exc}") from None
+    if not isinstance(raw, str):
+        raise HookUserError(f"{job_dir}/image/manifest.json is not a readable image manifest")
+    return raw
+
+
+def stage_image(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, object]:
+    """Place the job's pinned image on this node (node tier) and link it for the runtime.
+
+    The same bounds and classification as :func:`stage_weights`: a bad, forged or missing image
+    entry fails the job with a reason; only an unusable node cache is a node fault.
+
+    Returns:
+        The record fields (``image``: source and tier).
+    """
+    ctx.phase = "image-manifest"
+    raw = _read_image_manifest_as_user(ctx, spec)
+    entries = _stage_on_node(ctx, spec, team, [], raw, "image")
+    ctx.notes.append("image=" + ",".join(str(e.get("tier")) for e in entries))
+    first = entries[0] if entries else {}
+    return {"image": {"source": first.get("source"), "tier": first.get("tier")}}
+
+
+def _stage_on_node(ctx: HookContext, spec: JobSpec, team: Team, raw: list[str], image: str | None,
+                   what: str) -> list[dict[str, Any]]:
+    """Run :func:`_stage_child` for ``what`` (``weights`` or ``image``) in a bounded root child."""
     from slurm_bt.weights.plan import team_slug
 
     env = ctx.env
-    ctx.phase = "weights-manifests"
-    raw = _read_manifests_as_user(ctx, spec)
-    ctx.phase = "weights-node-cache"
+    ctx.phase = f"{what}-node-cache"
     root = _node_cache_root(ctx)
-    ctx.phase = "weights-stage"
+    ctx.phase = f"{what}-stage"
     budget = ctx.budget(ctx.remaining(), reserve_s=WEIGHTS_RESERVE_S)
     if budget < 1.0:
-        raise HookUserError(f"no time left in the slurm-bt prolog on {env.node} to stage this job's weights "
+        raise HookUserError(f"no time left in the slurm-bt prolog on {env.node} to stage this job's {what} "
                             f"(deadline_s={ctx.settings.deadline_s:.0f}); retry, or ask an admin to raise deadline_s")
     slug = team_slug(team.name)
     try:
         # team.gid: the audience of credentialed entries on the node and the group the team tier must have
-        result = run_in_child(lambda: _stage_child(ctx, spec, raw, slug, root, team.gid, budget), timeout_s=budget)
+        result = run_in_child(lambda: _stage_child(ctx, spec, raw, slug, root, team.gid, budget, image),
+                              timeout_s=budget)
     except ChildTimeout:
         raise HookUserError(
-            f"copying this job's weights into the node cache on {env.node} did not finish within {budget:.0f} s "
+            f"copying this job's {what} into the node cache on {env.node} did not finish within {budget:.0f} s "
             f"(the slurm-bt prolog's limit, deadline_s={ctx.settings.deadline_s:.0f}); what was copied is kept, so a "
             "resubmitted job continues from there; the node copy itself runs outside the prolog, so this points at "
             "a slow or hung cluster cache filesystem (an admin can check the hook log)") from None
     except ChildError as exc:
-        ctx.log.error(f"weights staging child failed: {exc.kind}: {exc.exc_type} {exc}")
-        raise HookUserError(f"internal error while staging weights on {env.node} ({exc.exc_type or exc.kind}); an "
+        ctx.log.error(f"{what} staging child failed: {exc.kind}: {exc.exc_type} {exc}")
+        raise HookUserError(f"internal error while staging {what} on {env.node} ({exc.exc_type or exc.kind}); an "
                             f"admin can find details in {ctx.settings.log_file}") from None
     if not isinstance(result, dict):
-        raise HookUserError(f"internal error while staging weights on {env.node} (no result)")
+        raise HookUserError(f"internal error while staging {what} on {env.node} (no result)")
     for line in result.get("lines") or []:
         ctx.log.info(str(line)[:500])
     outcome, message = result.get("outcome"), str(result.get("message", ""))
     if outcome == "node":
         raise NodeFault(message, f"check the node-local disk holding {root}, then resume the node")
     if outcome != "ok":
-        raise HookUserError(f"cannot stage this job's weights on {env.node}: {message}")
-    entries = [e for e in result.get("entries") or [] if isinstance(e, dict)]
-    ctx.notes.append("weights=" + ",".join(str(e.get("tier")) for e in entries))
-    return {"weights": [{"source": e.get("source"), "tier": e.get("tier")} for e in entries]}
+        raise HookUserError(f"cannot stage this job's {what} on {env.node}: {message}")
+    return [e for e in result.get("entries") or [] if isinstance(e, dict)]
 
 
 def prolog_body(ctx: HookContext) -> None:
@@ -430,12 +488,16 @@ def prolog_body(ctx: HookContext) -> None:
     ctx.phase = "job-spec"
     spec = read_job_spec_as_user(ctx)
     record["project_id"] = spec.project_id
-    team = job_team(ctx) if spec.cache.enabled or spec.weights else None
+    # A container job runs the node's copy of its pinned image (docs/containers.md); "none" runs none.
+    image = spec.image_pin is not None and spec.container_runtime != "none"
+    team = job_team(ctx) if spec.cache.enabled or spec.weights or image else None
     if spec.cache.enabled and team is not None:
         ctx.phase = "caches"
         record.update(make_caches(ctx, spec, team))
     if spec.weights and team is not None:
         record.update(stage_weights(ctx, spec, team))
+    if image and team is not None:
+        record.update(stage_image(ctx, spec, team))
     ctx.phase = "record"
     state.write_record(record)
 

@@ -165,11 +165,23 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str
                           enroot_credentials(spec.docker_auth.registry, user, password), mode=0o600)
     # -- weights (slurm_bt.weights.node_stage): the prolog's node-cache snapshots, else the cluster
     # cache snapshot (no-prolog fallback); host jobs also get the bubblewrap argv file.
+    # The image (docs/containers.md): the prolog staged it like weights; wait here if its node copy
+    # still runs, and report its tier beside the weights' (weights/status-<node>.json).
+    image_entries: list[dict[str, object]] = []
+    if spec.image_pin is not None and spec.container_runtime != "none":
+        from slurm_bt.weights.node_stage import prepare_job_image
+
+        image_entries = [prepare_job_image(spec, environ)]
     weights_env: list[tuple[str, str]] = []
     if spec.weights:
         from slurm_bt.weights.node_stage import prepare_job_weights
 
-        weights_env = prepare_job_weights(spec, environ, runtime_dir=str(runtime), workdir=layout.workdir).env
+        weights_env = prepare_job_weights(spec, environ, runtime_dir=str(runtime), workdir=layout.workdir,
+                                          extra_status=image_entries).env
+    elif image_entries:
+        from slurm_bt.weights.delivery_report import write_node_status
+
+        write_node_status(spec.context.job_dir, environ.get("SLURMD_NODENAME", "node"), image_entries)
     # -- end weights
     env_file = runtime / f"node-{environ.get('SLURM_NODEID', '0')}.env"
     write_file_atomic(env_file, encode_env(node_environment(spec, environ, store, team) + weights_env),

@@ -98,15 +98,18 @@ def summary_lines(status: Mapping[str, Any]) -> list[str]:
     slowest node's seconds). Before that, the staging job's outcome (``... staging miss 11.7 MiB 4.10s``). The
     files are the user's own, so every field is type-checked and a malformed one is shown as ``?``.
     """
-    by_index: dict[int, list[tuple[str, Mapping[str, Any]]]] = {}
+    # The job's container image is reported in the same files (kind "image"; docs/containers.md): first.
+    by_index: dict[tuple[int, int], list[tuple[str, Mapping[str, Any]]]] = {}
     nodes = status.get("nodes")
     for node, entries in sorted(nodes.items() if isinstance(nodes, Mapping) else []):
         for e in entries if isinstance(entries, list) else []:
             if isinstance(e, Mapping):
                 index = e.get("index")
-                by_index.setdefault(index if isinstance(index, int) else 0, []).append((str(node), e))
+                key = (0 if e.get("kind") == "image" else 1, index if isinstance(index, int) else 0)
+                by_index.setdefault(key, []).append((str(node), e))
     lines = []
-    for _, group in sorted(by_index.items()):
+    for (weights, _), group in sorted(by_index.items()):
+        what = "weights" if weights else "image"
         tiers: dict[str, list[str]] = {}
         for node, e in group:
             tiers.setdefault(str(e.get("tier", "?")), []).append(node)
@@ -116,10 +119,10 @@ def summary_lines(status: Mapping[str, Any]) -> list[str]:
         copying = [(node, p) for node, e in group
                    if e.get("tier") == "node-staging" and isinstance(p := e.get("progress"), Mapping)]
         if copying:
-            lines.append(f"weights: {first.get('source', '?')} {where} "
+            lines.append(f"{what}: {first.get('source', '?')} {where} "
                          + "; ".join(f"{node} {progress_text(p)}" for node, p in copying))
             continue
-        lines.append(f"weights: {first.get('source', '?')} {where} {format_bytes(_num(first.get('bytes')))} "
+        lines.append(f"{what}: {first.get('source', '?')} {where} {format_bytes(_num(first.get('bytes')))} "
                      f"{seconds:.2f}s")
     if lines:
         return lines

@@ -636,6 +636,7 @@ def prepare_job_weights(
     runtime_dir: str,
     workdir: str,
     out: IO[str] | None = None,
+    extra_status: Sequence[Mapping[str, Any]] = (),
 ) -> PreparedWeights:
     """Step 1's weights work on this node (as the user); see the module docstring.
 
@@ -697,7 +698,8 @@ def prepare_job_weights(
         for e in entries:
             e["view"] = "bind"
         env += [(f"BT_WEIGHTS_{e['index']}", e["mount_location"]) for e in entries]
-    write_node_status(ctx.job_dir, node, entries)
+    # extra_status: the job's image entry (prepare_job_image), reported in the same node file
+    write_node_status(ctx.job_dir, node, entries + [dict(e) for e in extra_status])
     for e in entries:
         print(_line(e) + f" on {node}", file=out, flush=True)
     return PreparedWeights(env, bwrap_file, entries)
