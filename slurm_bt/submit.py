@@ -62,6 +62,7 @@ class SubmitResult:
             "submit_id": self.spec.context.submit_id,
             "record": self.record_path,
             "staging_job_id": self.staging_job_id,
+            "image": self.spec.image_pin.model_dump() if self.spec.image_pin is not None else None,
             "warnings": self.warnings,
         }
 
@@ -165,20 +166,34 @@ def submit_project(
         from slurm_bt.checkpoints.resolve import resolve_load_checkpoints
 
         spec = resolve_load_checkpoints(spec, workspace=user_path(site.storage.workspace))
-    script = render_batch_script(spec)
-    result = SubmitResult(spec=spec, script=script, warnings=list(spec.warnings))
     store = SecretStore(Path(user_path(site.storage.secrets)))
     _check_secrets(spec, store)
+    # -- images: pin the image to its platform manifest digest now (as the user, with its DockerAuth);
+    # unknown image/tag or refused credentials fail here with exit 2, an unreachable registry with 1
+    # (docs/containers.md). Before rendering, so the script and job.json carry the pin.
+    if spec.container_runtime != "none":
+        from slurm_bt.images.pin import pin_image
+
+        spec = spec.model_copy(update={"image_pin": pin_image(spec, site, store)})
+    # -- end images
+    script = render_batch_script(spec)
+    result = SubmitResult(spec=spec, script=script, warnings=list(spec.warnings))
     if dry_run:
         _dry_run_checks(spec, project, site, store, sbatch_args, result)
         return result
     # -- weights (slurm_bt.weights.plan): pin every source now (listings only); a bad source fails
     # the submission here with exit 2 naming job.weights[i].source.
     weights_plan = None
-    if spec.weights:
-        from slurm_bt.weights.plan import plan_weights, team_for_user
+    team: str | None = None
+    if spec.weights or spec.image_pin is not None:
+        from slurm_bt.weights.plan import team_for_user
 
-        weights_plan = plan_weights(spec, site, store, team=team_for_user(sbatch_args))
+        team = team_for_user(sbatch_args)
+    if spec.weights:
+        from slurm_bt.weights.plan import plan_weights
+
+        assert team is not None
+        weights_plan = plan_weights(spec, site, store, team=team)
     # -- end weights
     pw = pwd.getpwuid(os.getuid())
     workspace = Path(user_path(site.storage.workspace))
@@ -190,12 +205,21 @@ def submit_project(
         extra = list(sbatch_args)
         # -- weights: the staging job first (held); the training job waits for it (afterok) and is
         # killed by Slurm if staging fails. Nothing is staged when every source is already cached.
-        if weights_plan is not None:
+        # The image rides the same staging job: mirrored unless a trusted pin record says it is cached.
+        image_staging = False
+        if spec.image_pin is not None:
+            from slurm_bt.images.stage import plan_image_delivery
+
+            assert team is not None
+            image_staging = plan_image_delivery(spec, site, team, job_dir)
+        if weights_plan is not None or image_staging:
             from slurm_bt.weights.plan import submit_staging_job
 
-            staging_id = submit_staging_job(client, spec, site, weights_plan, job_dir, sub_env)
+            staging_id = submit_staging_job(client, spec, site, weights_plan, job_dir, sub_env,
+                                            image_staging=image_staging)
             if staging_id is not None:
                 extra += [f"--dependency=afterok:{staging_id}", "--kill-on-invalid-dep=yes"]
+        if weights_plan is not None:
             # Favour nodes whose node cache already holds these weights (soft: slurm_bt/weights/placement.py).
             from slurm_bt.weights.placement import prefer_args
 

@@ -105,7 +105,10 @@ def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s
         report = query_statuses(client, job_ids, records=records)
     for warning in report.warnings:
         warn(warning)
-    rows = [with_node_copy_state({**st.as_dict(), "weights": weights_status(st.record)}) for st in report.statuses]
+    from slurm_bt.images.status import image_status
+
+    rows = [with_node_copy_state({**st.as_dict(), "weights": weights_status(st.record),
+                                  "image": image_status(st.record)}) for st in report.statuses]
     if as_json or not wait:
         _emit(rows, as_json)
     _degraded_exit(report.error)

@@ -45,6 +45,9 @@ def _submit(config: str, sbatch_args: tuple[str, ...], dry_run: bool, parsable: 
         result = submit_config(config, sbatch_args=sbatch_args, dry_run=dry_run)
     for warning in result.warnings:
         click.echo(f"bt-sbatch: warning: {warning}", err=True)
+    pin = result.spec.image_pin
+    if pin is not None and not parsable and not as_json:  # the job runs this digest even if the tag moves
+        click.echo(f"bt-sbatch: image {pin.reference} pinned to {pin.resolved}", err=True)
     if dry_run:
         click.echo(result.script, nl=False)
     elif as_json:

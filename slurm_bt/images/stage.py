@@ -42,6 +42,9 @@ def plan_image_delivery(spec: JobSpec, site: SiteSettings, team: str, job_dir: P
         return False
     from slurm_bt.site.settings import user_path
 
+    pin_path = job_dir / "image" / "pin.json"  # for `slurm-bt status` (slurm_bt/images/status.py)
+    pin_path.parent.mkdir(mode=0o700, exist_ok=True)
+    write_file_atomic(pin_path, pin.model_dump_json().encode(), mode=0o600)
     base = user_path(site.storage.cluster_cache)
     hit = cached_image(pin, base, team)
     if hit is not None:

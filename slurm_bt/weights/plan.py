@@ -442,8 +442,8 @@ def render_staging_script(spec: JobSpec, site: SiteSettings) -> str:
 
 
 def submit_staging_job(
-    client: SlurmClient, spec: JobSpec, site: SiteSettings, plan: WeightsPlan, job_dir: Path,
-    env: Mapping[str, str] | None,
+    client: SlurmClient, spec: JobSpec, site: SiteSettings, plan: WeightsPlan | None, job_dir: Path,
+    env: Mapping[str, str] | None, *, image_staging: bool = False,
 ) -> str | None:
     """Write the plan into the job dir and, when something is not cached, submit the staging job *held*.
 
@@ -451,14 +451,20 @@ def submit_staging_job(
     ``--dependency=afterok`` invalid before it is even submitted (sbatch would then refuse it);
     :func:`release_staging_job` lets it run once the training job exists.
 
+    ``plan`` is None for a job without weights; ``image_staging``: the job's image must be mirrored too
+    (slurm_bt/images/stage.py wrote ``<job_dir>/image/plan.json``), by the same staging job.
+
     Returns:
-        The staging job id, or None when every source is already complete in a cluster tier.
+        The staging job id, or None when every source (and the image) is already in a cluster tier.
     """
-    write_plan(job_dir, plan)
-    if not plan.needs_staging:
+    if plan is not None:
+        write_plan(job_dir, plan)
+    if not image_staging and (plan is None or not plan.needs_staging):
         return None
     script = render_staging_script(spec, site)
-    write_file_atomic(job_dir / "weights" / "staging.sbatch", script.encode(), mode=0o600)
+    folder = job_dir / "weights"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    write_file_atomic(folder / "staging.sbatch", script.encode(), mode=0o600)
     return client.submit(script, [f"--partition={site.staging_partition}", "--export=NONE", "--hold"], env=env)
 
 
