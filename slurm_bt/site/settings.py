@@ -117,7 +117,8 @@ class WeightsSettings(_Strict):
     Attributes:
         endpoints: per-backend endpoints (``[weights.endpoints]``: ``hf_endpoint``,
             ``s3_endpoint_url``...); recorded in each job's plan so the staging job uses the same.
-        node_cache_max_bytes: cap on the node cache's blob bytes (LRU eviction of lease-free entries).
+        node_cache_max_bytes: cap on the node cache's blob bytes (LRU eviction of lease-free entries);
+            0 (default): 90% of the node-cache filesystem, so a 1 TB model needs no setting where it fits.
         node_cache_reserve_bytes: free space on the node-cache filesystem never used.
         verify_node_copy: ``team`` (default) re-hashes every blob copied from a team tier (users
             write it) but copies from the root-owned, admin-curated shared tier at kernel-copy speed;
@@ -129,7 +130,7 @@ class WeightsSettings(_Strict):
     """
 
     endpoints: StorageEndpoints = Field(default_factory=_source_endpoints)
-    node_cache_max_bytes: int = Field(default=200 * 1024**3, gt=0)
+    node_cache_max_bytes: int = Field(default=0, ge=0)
     node_cache_reserve_bytes: int = Field(default=1024**3, ge=0)
     verify_node_copy: Literal["team", "all"] = "team"
     staging_cpus: int = Field(default=1, ge=1, le=256)

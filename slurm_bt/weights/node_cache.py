@@ -75,6 +75,9 @@ from slurm_bt.weights.manifest import Manifest, ManifestFile
 __all__ = ["NodeAudience", "NodeCache", "set_dir_owner_mode",
            "validate_job_id"]
 
+#: The default cap (``max_bytes`` 0) as a share of the node-cache filesystem's size.
+_DEFAULT_FS_SHARE = 0.9
+
 _log = logging.getLogger("slurm_bt.weights.cache")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_+.-]{0,63}$")
 _TEAM = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -123,7 +126,8 @@ class NodeCache:
 
     Args:
         root: e.g. ``/nvme/slurm-bt/weights`` (root-owned, on one local filesystem).
-        max_bytes: cap on blob bytes; staging evicts lease-free entries LRU to stay under it.
+        max_bytes: cap on blob bytes; staging evicts lease-free entries LRU to stay under it (0: 90%
+            of the filesystem, :meth:`cap_bytes`).
         reserve_bytes: filesystem space never to use (root ignores reserved blocks).
         lock_options: lock behaviour; node disks are local, so flock works by default.
         copy_workers: blobs copied in parallel (each copy also hashes in its own thread).
@@ -494,6 +498,18 @@ class NodeCache:
         st = os.statvfs(self.root)
         return max(0, st.f_bavail * st.f_frsize - self.reserve_bytes)
 
+    def cap_bytes(self) -> int:
+        """The cap on blob bytes: ``max_bytes``, or with 0 (the site default) 90% of the filesystem.
+
+        Why a share of the filesystem by default: a fixed number either refuses a 1 TB model on a
+        node that has room for it or lets the cache fill a small disk; the remaining 10% (and
+        ``reserve_bytes`` of free space, always) is left for whatever else shares the disk.
+        """
+        if self.max_bytes > 0:
+            return self.max_bytes
+        st = os.statvfs(self.root)
+        return int(st.f_blocks * st.f_frsize * _DEFAULT_FS_SHARE)
+
     def usage_bytes(self) -> int:
         """Bytes held by blobs of every subtree (snapshots are hard links to them)."""
         return sum(self._blob_sizes().values())
@@ -513,16 +529,17 @@ class NodeCache:
         if need == 0:
             return
         usage = self.usage_bytes()
-        room = min(self.max_bytes - usage, self._fs_free())
+        cap = self.cap_bytes()
+        room = min(cap - usage, self._fs_free())
         if need <= room:
             return
         with self._evict_lock():
             plan = self.plan_eviction(usage - (need - room))
-            if need > self.max_bytes or not plan.satisfied:
+            if need > cap or not plan.satisfied:
                 raise CacheFullError(str(self.root), need, max(room, 0), tier="node cache",
                                      detail=f"{plan.bytes_freed} bytes evictable; cache left unchanged")
             self._execute_locked(plan)
-        room = min(self.max_bytes - self.usage_bytes(), self._fs_free())
+        room = min(cap - self.usage_bytes(), self._fs_free())
         if need > room:
             raise CacheFullError(str(self.root), need, max(room, 0), tier="node cache")
 

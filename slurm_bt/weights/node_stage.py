@@ -555,8 +555,9 @@ def epilog_enforce_lru(environ: Mapping[str, str], deadline_s: float, site: Site
     if not node.root.is_dir():
         return
     node.gc_temp()
-    if node.usage_bytes() > node.max_bytes:
-        node.execute(node.plan_eviction(node.max_bytes))
+    cap = node.cap_bytes()
+    if node.usage_bytes() > cap:
+        node.execute(node.plan_eviction(cap))
 
 
 # -- user: step 1 of the job -----------------------------------------------------------------------------

@@ -414,15 +414,18 @@ def node_bounds(node_root: str, max_bytes: int, reserve_bytes: int, policy: Stag
     except OSError as exc:
         return False, f"{node_root}: {exc.strerror}"
     free = max(0, vfs.f_bavail * vfs.f_frsize - reserve_bytes)
+    from slurm_bt.weights.node_cache import NodeCache
+
+    node = NodeCache(Path(node_root), max_bytes, reserve_bytes=reserve_bytes)
     used = 0
     with contextlib.suppress(OSError):
-        from slurm_bt.weights.node_cache import NodeCache
-
-        used = NodeCache(Path(node_root), max_bytes, reserve_bytes=reserve_bytes).usage_bytes()
-    largest = min(max_bytes, free + used)
+        used = node.usage_bytes()
+    cap = node.cap_bytes()
+    largest = min(cap, free + used)
     rate = f", capped at {format_bytes(policy.rate_bytes_s)}/s" if policy.rate_bytes_s else ""
+    cap_text = format_bytes(max_bytes) if max_bytes else f"0 = 90% of the filesystem = {format_bytes(cap)}"
     line = (f"largest entry this node can take: {format_bytes(largest)} (node_cache_max_bytes "
-            f"{format_bytes(max_bytes)}, {format_bytes(free)} free after node_cache_reserve_bytes, "
+            f"{cap_text}, {format_bytes(free)} free after node_cache_reserve_bytes, "
             f"{format_bytes(used)} held, evictable unless leased); bigger entries fail the job (node cache full). "
             f"Misses are copied outside the prolog by a node stager (the prolog waits {policy.prolog_wait_s:.0f} s): "
             f"a copy may take 600 s + size / {format_bytes(policy.min_rate_bytes_s)}/s (1 TB: "

@@ -226,6 +226,20 @@ def test_disk_full_preflight_on_small_tmpfs(tmp_path: Path) -> None:
         assert list(n.layout.blobs.iterdir()) == [] and list(n.layout.tmp.iterdir()) == []
 
 
+def test_default_cap_is_ninety_percent_of_the_filesystem(tmp_path: Path) -> None:
+    """``max_bytes`` 0 (the site default) caps at 90% of the disk: here 3.6 of 4 MiB, so a second
+    2 MiB entry evicts the first even though the disk itself would still have room for it."""
+    with _tmpfs(tmp_path / "nvme", "4m") as nvme:
+        n = NodeCache(nvme / "cache", 0)
+        c0, m0 = _cluster(tmp_path, _model(0, 2), name="c0")
+        n.stage(m0, c0, "0", authorize=allow)
+        n.release("0")
+        assert n.cap_bytes() == int(4 * MiB * 0.9)
+        c1, m1 = _cluster(tmp_path, _model(1, 2), name="c1")
+        n.stage(m1, c1, "1", authorize=allow)
+        assert n.is_ready(m1) and not n.is_ready(m0) and n.usage_bytes() <= n.cap_bytes()
+
+
 def test_enospc_mid_write_removes_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     c, m = _cluster(tmp_path, {"small.json": b"{}", "big.bin": random_bytes(3 * MiB, 5)})
     with _tmpfs(tmp_path / "nvme", "2m") as nvme:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from slurm_bt.units import format_bytes
 from slurm_bt.weights.cache_layout import CacheLayout
 from slurm_bt.weights.manifest import Manifest
 from slurm_bt.weights.node_stage import read_node_record, wait_for_node_copies
@@ -211,6 +212,11 @@ def test_doctor_names_the_bounds_that_remain(tmp_path: Path) -> None:
     policy = policy_from_settings(HookSettings(weights_stage_rate_mib_s=100))
     ok, line = node_bounds(str(tmp_path), 200 << 30, 1 << 30, policy)
     assert ok and "largest entry this node can take" in line and "node_cache_max_bytes 200.0 GiB" in line
+    # 0 (the site default): 90% of the filesystem, never more than the free space.
+    vfs = os.statvfs(tmp_path)
+    ok, line = node_bounds(str(tmp_path), 0, 0, policy)
+    cap = format_bytes(int(vfs.f_blocks * vfs.f_frsize * 0.9))
+    assert ok and f"node_cache_max_bytes 0 = 90% of the filesystem = {cap}" in line
     assert "1 TB: 26.7 h" in line and "capped at 100.0 MiB/s" in line
     ok, line = node_bounds(str(tmp_path), 1 << 20, 0, policy)
     assert not ok and "largest entry this node can take: 1.0 MiB" in line
