@@ -841,6 +841,77 @@ def use_mariadb_socket(sock: Path) -> None:
     MYSQL_SOCK, MYSQL_RUN = sock, sock.parent
 
 
+# ------------------------------------------------------------------------------- dev container registry
+# The quick start's image comes from a registry on this host: the site's default [containers] mirror maps
+# docker.io to 127.0.0.1:5443 (slurm_bt/site/settings.py), so `python:3.11-slim` is pulled from here.
+# Two docker-registry processes share one self-signed CA (openssl): "public" (5443, anonymous pulls,
+# the docker.io mirror) and "private" (5444, htpasswd user `dev`, password in registry/private/password,
+# root-only) to try DockerAuth by hand. The example image is built from this host's files without
+# Docker or network (devcluster/oci_image.py) and pushed once; `up` is idempotent.
+
+REGISTRY_DIR = STATE / "registry"
+REGISTRY_PORTS = {"public": 5443, "private": 5444}
+EXAMPLE_IMAGES = [("library/python", "3.11-slim")]
+
+
+def _registry_daemon(kind: str) -> Daemon:
+    return Daemon(f"registry-{kind}", {"docker-registry"}, RUN / f"registry-{kind}.pid",
+                  REGISTRY_DIR / kind / "registry.log", ("serve", str(REGISTRY_DIR / kind / "config.yml")))
+
+
+REGISTRIES = {kind: _registry_daemon(kind) for kind in REGISTRY_PORTS}
+
+
+def _oci_image():  # devcluster/oci_image.py: a sibling script, imported by path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import oci_image
+
+    return oci_image
+
+
+def ensure_registry() -> None:
+    missing = [t for t in ("docker-registry", "skopeo", "umoci", "openssl", "htpasswd") if not shutil.which(t)]
+    if missing:
+        step(f"registry: skipped, not installed: {' '.join(missing)} (scripts/install.sh installs them)")
+        return
+    oci = _oci_image()
+    mkdir(REGISTRY_DIR, 0o755)
+    tls = REGISTRY_DIR / "tls"
+    for kind, port in REGISTRY_PORTS.items():
+        users = None
+        if kind == "private":
+            pw_file = REGISTRY_DIR / kind / "password"
+            (REGISTRY_DIR / kind).mkdir(parents=True, exist_ok=True)
+            if not pw_file.is_file():
+                pw_file.write_text(secrets.token_urlsafe(18) + "\n")
+                os.chmod(pw_file, 0o600)
+            users = {"dev": pw_file.read_text().strip()}
+        reg = oci.Registry(REGISTRY_DIR / kind, port, users=users, ca_dir=tls)
+        d = REGISTRIES[kind]
+        if d.pid() is None:
+            reg.prepare()
+            with open(d.log, "ab") as out:
+                proc = subprocess.Popen(reg.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            d.pidfile.write_text(f"{proc.pid}\n")
+            if not wait_for(lambda p=port: socket.create_connection(("127.0.0.1", p), timeout=0.5).close() is None,
+                            20):
+                raise Failure(f"{d.name} did not listen on 127.0.0.1:{port}", d.log)
+            step(f"{d.name}: started (pid {proc.pid}, https://127.0.0.1:{port})")
+    os.chmod(tls, 0o755)  # noqa: S103 - the CA certificate is read by every user's skopeo (site ca_bundle)
+    public = oci.Registry(REGISTRY_DIR / "public", REGISTRY_PORTS["public"], ca_dir=tls)
+    for repo, tag in EXAMPLE_IMAGES:
+        if oci.has_tag(public, repo, tag):
+            continue
+        digest = oci.push(oci.base_layout(), "base", public, repo, tag)
+        step(f"registry: pushed {repo}:{tag} ({digest}) built from this host's files")
+
+
+def stop_registries() -> None:
+    for d in REGISTRIES.values():
+        step(f"{d.name}: {d.stop(10.0)}")
+
+
 def cmd_up() -> int:
     t0 = time.monotonic()
     ensure_packages()
@@ -861,6 +932,7 @@ def cmd_up() -> int:
     SLURM_CONF_STAMP.write_text(slurm_conf_hash() + "\n")
     ensure_nodes_healthy()
     write_cluster_json(rel)
+    ensure_registry()
     step(f"up: cluster {CLUSTER} (Slurm {rel.text}) ready in {time.monotonic() - t0:.1f}s (state {STATE})")
     return 0
 
@@ -868,6 +940,7 @@ def cmd_up() -> int:
 def cmd_down() -> int:
     # Reverse start order. mariadbd first, then its mysqld_safe wrapper (which ignores SIGTERM and exits
     # by itself after a clean server shutdown).
+    stop_registries()
     order = [*reversed(SLURMDS.values()), SLURMCTLD, SLURMDBD, MYSQLD, MYSQLD_SAFE, MUNGED]
     for d in order:
         bound = 30.0 if d is MYSQLD else (3.0 if d is MYSQLD_SAFE else 15.0)
@@ -889,6 +962,9 @@ def cmd_status() -> int:
         else:
             all_up = False
             print(f"{d.name:<12} pid {pid_in_file if pid_in_file else '-':<8} dead")
+    for d in REGISTRIES.values():  # informational: a cluster without the registry still runs jobs
+        pid = d.pid()
+        print(f"{d.name:<12} pid {pid if pid else '-':<8} {'alive' if pid else 'dead'}")
     if SLURMCTLD.pid():
         try:
             states = node_states()

@@ -87,7 +87,9 @@ def registry_access(registry: str, login: tuple[str, str] | None, ca_bundle: str
         policy = tmp / "policy.json"
         _write_private(policy, b'{"default":[{"type":"insecureAcceptAnything"}]}')
         cert_dir = None
-        if ca_bundle:
+        # A CA file that does not exist adds nothing (TLS is still verified against the system's CAs):
+        # the default names the dev cluster's, absent elsewhere.
+        if ca_bundle and os.path.lexists(ca_bundle):
             cert_dir = tmp / "certs"
             cert_dir.mkdir(mode=0o700)
             # skopeo reads *.crt of the directory as CAs; a copy, so the site file need not be named so

@@ -161,7 +161,7 @@ class ContainerSettings(_Strict):
             ``{"docker.io" = "mirror.example:5000"}`` (an internal pull-through mirror). Applied before
             pinning, so the pinned reference names what is really pulled.
         ca_bundle: a CA file the registry clients trust besides the system's (an internal registry
-            with its own CA); None: the system's CAs only.
+            with its own CA); None, or a file that does not exist: the system's CAs only.
         node_copy: place images on node-local storage (the node tier) before the job starts; False lets
             the runtime read an image that sits in the root-owned shared tier in place.
         platform: the nodes' platform, ``os/arch[/variant]``: what a multi-platform image is pinned to.
@@ -169,8 +169,10 @@ class ContainerSettings(_Strict):
             mirrors; bounds its temp space.
     """
 
-    registry_mirrors: dict[str, str] = Field(default_factory=dict)
-    ca_bundle: str | None = None
+    # Like [storage], the defaults describe the dev cluster (devcluster/devcluster.py runs its registry
+    # there): a real site sets registry_mirrors (``{}`` for none) and ca_bundle in its site file.
+    registry_mirrors: dict[str, str] = Field(default_factory=lambda: {"docker.io": "127.0.0.1:5443"})
+    ca_bundle: str | None = "/var/lib/slurm-bt-dev/registry/tls/ca.crt"
     node_copy: bool = True
     platform: str = Field(default="linux/amd64", pattern=r"^[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?$")
     max_image_bytes: int = Field(default=200 * 1024**3, gt=0)
