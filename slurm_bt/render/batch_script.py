@@ -24,6 +24,7 @@ from slurm_bt.node.job_paths import BindMount, image_path, job_layout, runtime_d
 from slurm_bt.render.quoting import Var, sbatch_directive_value, shq, shq_concat
 
 __all__ = [
+    "CH_IMAGE_ROOT",
     "CH_RUN_PRELUDE",
     "ENTRY_NAME",
     "SESSION_CONTAINER_PREFIX",
@@ -431,14 +432,30 @@ def _image_check_lines(spec: JobSpec, node: str | None) -> list[str]:
     ]
 
 
-CH_RUN_PRELUDE = (
-    # Charliecloud >= 0.33 (unprivileged overlayfs): --write-fake puts a tmpfs over the read-only
-    # image, so a bind target the image lacks (/mnt/ckpts, a weights mount_location) is created.
-    # Older releases (Debian 12 ships 0.31) need every target to exist in the image, and still bind
-    # the home directory unless told not to: the job sees only its own binds, as under pyxis.
-    "  if ch-run --feature=overlayfs >/dev/null 2>&1; then bt_ch=(ch-run --write-fake); "
-    "else bt_ch=(ch-run --no-home); fi"
-)
+CH_IMAGE_ROOT = ".bt-image"
+"""Where an older ch-run's image is unpacked, in the job's node-local scratch (see CH_RUN_PRELUDE)."""
+CH_RUN_PRELUDE = """\
+  if ch-run --feature=overlayfs >/dev/null 2>&1; then bt_ch=(ch-run --private-tmp --write-fake)
+  else
+    bt_ch=(ch-run --private-tmp -w)
+    if [ ! -e "$bt_root.done" ]; then
+      rm -rf -- "$bt_root" && unsquashfs -no-progress -quiet -no-xattrs -d "$bt_root" "$bt_img" >/dev/null \\
+        && : > "$bt_root.done" || { echo "slurm-bt: cannot unpack $bt_img into $bt_root on $(hostname)" >&2; exit 1; }
+    fi
+    bt_img=$bt_root
+  fi"""
+"""Choose how ch-run shows the image (``bt_img``: the node's squashfs; ``bt_root``: where to unpack it).
+
+Bind targets the image lacks (/mnt/ckpts, /b10/workspace, a weights mount_location, the site's
+roots) need mount points. Charliecloud >= 0.33 has ``--write-fake`` (a tmpfs overlay over the
+read-only squashfs, unprivileged overlayfs): the squashfs is used as it is. Older releases (Debian 12
+ships 0.31) cannot create a mount point in a read-only image, so the squashfs is unpacked once per
+job and node into the job's node-local scratch (removed with it by the epilog) and run writable,
+as enroot does for pyxis. ch-run 0.31 binds no home directory by default (``--home`` would).
+``--private-tmp``: the job's /tmp is its own (as in a Baseten container), and a bind target under /tmp
+(``load_checkpoint_config.download_folder`` defaults to /tmp/loaded_checkpoints) can be created there:
+ch-run cannot create one inside the host's /tmp that it binds otherwise.
+"""
 
 
 def charliecloud_argv_lines(binds: Sequence[BindMount], workdir: str, image: str) -> list[str]:
@@ -455,9 +472,11 @@ def _charliecloud_lines(spec: JobSpec, binds: Sequence[BindMount], workdir: str,
     loaded above, and ``CUDA_VISIBLE_DEVICES``); GPUs need the site's ``ch-fromhost --nvidia`` step on
     images that do not carry the driver libraries (docs/containers.md §Runtimes).
     """
+    scratch = job_layout(spec, job_id=_JOB, node=node).scratch
     return [
         'if [ "${1:-}" != --in-container ]; then',
         *_image_check_lines(spec, node),
+        f"  bt_root={_word(scratch + '/' + CH_IMAGE_ROOT)}",
         CH_RUN_PRELUDE,
         *charliecloud_argv_lines(binds, workdir, '"$bt_img"'),
         f'  exec "${{bt_ch[@]}}" -- /bin/bash {entry} --in-container',

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.job_paths import image_path, job_layout, runtime_dir
 from slurm_bt.render.batch_script import (
+    CH_IMAGE_ROOT,
     CH_RUN_PRELUDE,
     SESSION_CONTAINER_PREFIX,
     container_image_ref,
@@ -121,9 +122,15 @@ def session_command(spec: JobSpec, job_id: str, node: str, rank: int, command: s
         ch_binds: list[str] = []
         for b in layout.binds:
             ch_binds += ["-b", f"{b.source}:{b.target}"]
-        # The same ch-run choice as node_entry.sh (--write-fake when this Charliecloud has it).
-        launcher = CH_RUN_PRELUDE.strip() + '; exec "${bt_ch[@]}" "$@"'
-        wrapped = ["/bin/bash", "-c", launcher, "bt-ch-run", *ch_binds, "-c", layout.workdir,
-                   image_path(spec, job_id, node), "--", *script]
+        # The same ch-run choice as node_entry.sh (--write-fake when this Charliecloud has it, else the
+        # image step 2 unpacked in the job's scratch); the image goes last, before the "--".
+        launcher = "\n".join([
+            'bt_img=$1; bt_root=$2; shift 2',
+            CH_RUN_PRELUDE,
+            'bt_args=(); while [ "$#" -gt 0 ] && [ "$1" != -- ]; do bt_args+=("$1"); shift; done',
+            'exec "${bt_ch[@]}" "${bt_args[@]}" "$bt_img" "$@"',
+        ])
+        wrapped = ["/bin/bash", "-c", launcher, "bt-ch-run", image_path(spec, job_id, node),
+                   f"{layout.scratch}/{CH_IMAGE_ROOT}", *ch_binds, "-c", layout.workdir, "--", *script]
         return SessionCommand((), tuple(wrapped), limit)
     return SessionCommand((), tuple(script), limit)

@@ -20,7 +20,16 @@ if [ "${1:-}" != --in-container ]; then
     echo "slurm-bt: the job's image $bt_img is not on $(hostname): the slurm-bt prolog did not stage it" >&2
     exit 1
   fi
-  if ch-run --feature=overlayfs >/dev/null 2>&1; then bt_ch=(ch-run --write-fake); else bt_ch=(ch-run --no-home); fi
+  bt_root=/local/"${SLURMD_NODENAME}"/scratch/"${SLURM_JOB_ID}"/.bt-image
+  if ch-run --feature=overlayfs >/dev/null 2>&1; then bt_ch=(ch-run --private-tmp --write-fake)
+  else
+    bt_ch=(ch-run --private-tmp -w)
+    if [ ! -e "$bt_root.done" ]; then
+      rm -rf -- "$bt_root" && unsquashfs -no-progress -quiet -no-xattrs -d "$bt_root" "$bt_img" >/dev/null \
+        && : > "$bt_root.done" || { echo "slurm-bt: cannot unpack $bt_img into $bt_root on $(hostname)" >&2; exit 1; }
+    fi
+    bt_img=$bt_root
+  fi
   bt_ch+=(-b /home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd:/home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd -b /home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd/src:/b10/workspace -b /dev/shm/slurm-bt-1001:/dev/shm/slurm-bt-1001 -b /local/"${SLURMD_NODENAME}"/scratch:/local/"${SLURMD_NODENAME}"/scratch -b /local/"${SLURMD_NODENAME}"/scratch/"${SLURM_JOB_ID}"/mnt/checkpoints:/mnt/ckpts -b /local/"${SLURMD_NODENAME}"/scratch/"${SLURM_JOB_ID}"/mnt/loaded_checkpoints:/tmp/loaded_checkpoints -b /var/lib/slurm-bt-dev/shared/cache:/var/lib/slurm-bt-dev/shared/cache -b /local/"${SLURMD_NODENAME}"/scratch/"${SLURM_JOB_ID}"/mnt/cache:/root/.cache -b /local/"${SLURMD_NODENAME}"/weights/jobs/"${SLURM_JOB_ID}"/w0:/app/models/qwen -c /b10/workspace "$bt_img")
   exec "${bt_ch[@]}" -- /bin/bash /home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd/node_entry.sh --in-container
 fi
