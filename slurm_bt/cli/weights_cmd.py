@@ -28,6 +28,7 @@ import click
 
 from slurm_bt.cli.errors import handle_errors
 from slurm_bt.errors import Problem, UserError
+from slurm_bt.images.entry import entry_label
 
 __all__ = ["register_weights_commands"]
 
@@ -54,7 +55,7 @@ def _node(node: str) -> Any:
 
 
 def _entry_dict(tier: str, e: Any) -> dict[str, Any]:
-    return {"tier": tier, "manifest_id": e.manifest_id, "source": e.source, "revision": e.revision,
+    return {"tier": tier, "manifest_id": e.manifest_id, "kind": e.kind, "source": e.source, "revision": e.revision,
             "files": e.files, "total_bytes": e.total_bytes, "published": e.published,
             "last_used": e.last_used, "leases": list(e.leases)}
 
@@ -91,7 +92,8 @@ def register_weights_commands(group: click.Group) -> None:
                 click.echo("no weights cache entries")
             for r in rows:
                 leases = f" leases={','.join(r['leases'])}" if r["leases"] else ""
-                click.echo(f"{r['tier']:<14} {r['manifest_id'][:12]}  {r['source']}@{r['revision'][:12]}  "
+                label = entry_label(r["kind"], r["source"], r["revision"])
+                click.echo(f"{r['tier']:<14} {r['manifest_id'][:12]}  {label}  "
                            f"{r['files']} files  {format_bytes(r['total_bytes'])}  "
                            f"last used {_fmt_time(r['last_used'])}{leases}")
 
@@ -112,7 +114,9 @@ def register_weights_commands(group: click.Group) -> None:
                     if m is None:
                         continue
                     found = True
-                    click.echo(f"{name}: {mid}\n  source {m.source}@{m.revision}\n  "
+                    what = (entry_label(m.kind, m.source, m.revision) if m.kind == "oci"
+                            else f"source {m.source}@{m.revision}")
+                    click.echo(f"{name}: {mid}\n  {what}\n  "
                                f"{len(m.files)} files, {format_bytes(m.total_bytes)}\n  snapshot "
                                f"{cache.layout.snapshot(mid)}")
                     for f in m.files:
@@ -204,7 +208,8 @@ def evict(manifest_ids: tuple[str, ...], *, dry_run: bool, node: str | None, max
     chosen = [e for e in cache.entries()
               if (manifest_ids and any(e.manifest_id.startswith(i) for i in manifest_ids))
               or (older_than_days is not None and e.published < cutoff)]
-    lines = [f"{name}: evict {e.manifest_id[:12]} {e.source}@{e.revision[:12]} ({e.total_bytes} bytes)"
+    lines = [f"{name}: evict {e.manifest_id[:12]} {entry_label(e.kind, e.source, e.revision)} "
+             f"({e.total_bytes} bytes)"
              for e in chosen]
     if dry_run or not chosen:
         return lines or ["nothing to evict"]

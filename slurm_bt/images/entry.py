@@ -20,8 +20,18 @@ from slurm_bt.job_spec import ImagePin
 from slurm_bt.site.settings import ContainerSettings
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
-__all__ = ["IMAGE_FILE", "ImagePlan", "digest_hex", "image_manifest", "image_pin_key", "image_source", "is_image",
-           "job_image_manifest_path", "write_job_image_manifest"]
+__all__ = [
+    "IMAGE_FILE",
+    "ImagePlan",
+    "digest_hex",
+    "entry_label",
+    "image_manifest",
+    "image_pin_key",
+    "image_source",
+    "is_image",
+    "job_image_manifest_path",
+    "write_job_image_manifest",
+]
 
 IMAGE_FILE = "image.sqfs"
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
@@ -83,3 +93,11 @@ def write_job_image_manifest(job_dir: str | Path, m: Manifest) -> Path:
     path.parent.mkdir(mode=0o700, exist_ok=True)
     write_file_atomic(path, m.canonical_json(), mode=0o600)
     return path
+
+
+def entry_label(kind: str, source: str, revision: str) -> str:
+    """How ``slurm-bt cache`` names an entry: ``image <registry>/<repo>@sha256:<hex>`` for an image,
+    ``<source>@<revision prefix>`` for weights."""
+    if kind == "oci":
+        return f"image {source.removeprefix('oci://')}"
+    return f"{source}@{revision[:12]}"
