@@ -14,6 +14,7 @@ import shutil
 import socket
 import stat
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
     from slurm_bt.site.settings import SiteSettings
     from slurm_bt.slurm.client import SlurmClient
 
-__all__ = ["HANDOFF_UNIT", "Check", "admin_group", "doctor_checks", "release_checks", "render_handoff_units",
+__all__ = ["HANDOFF_UNIT", "Check", "admin_group", "container_runtime_checks",
+           "doctor_checks", "release_checks", "render_handoff_units",
            "render_wrapper", "slurm_conf_lines"]
 
 _WRAPPER = """#!/bin/sh
@@ -374,6 +376,110 @@ def _node_weights_bounds_check(node: str, site: SiteSettings, settings: HookSett
                  "" if ok else "free space on the node-local disk or raise weights.node_cache_max_bytes", info=ok)
 
 
+# -- container runtimes (docs/admin.md §Container runtimes) ------------------------------------------------
+
+PLUGSTACK_FILES = ("/etc/slurm/plugstack.conf", "/etc/slurm-llnl/plugstack.conf")
+
+
+def _fuse_open_as(user: str, path: str = "/dev/fuse") -> str | None:
+    """Open ``path`` read-write as ``user`` in a forked child; None if it worked, else the error."""
+    import pwd
+
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        return f"no user {user!r} to try with"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: drop to the user, try, report one line
+        code = 0
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC))
+        except OSError as exc:
+            os.write(w, (exc.strerror or str(exc)).encode()[:200])
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    try:
+        msg = os.read(r, 256).decode(errors="replace")
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    return None if os.waitstatus_to_exitcode(status) == 0 else (msg or "failed")
+
+
+def container_runtime_checks(runtime: str, *, which: Callable[[str], str | None] = shutil.which,
+                             fuse: str = "/dev/fuse", plugstack: tuple[str, ...] = PLUGSTACK_FILES,
+                             probe_user: str | None = "nobody") -> list[Check]:
+    """One line per thing the site's ``container_runtime`` needs on this host, each with what to do.
+
+    charliecloud: ``ch-run`` (and ``unsquashfs`` when this Charliecloud has no ``--write-fake``:
+    slurm_bt/render/batch_script.py CH_RUN_PRELUDE) and a ``/dev/fuse`` users can open (ch-run mounts
+    the squashfs with FUSE, unprivileged); pyxis: ``enroot`` and the pyxis SPANK plugin in
+    plugstack.conf; apptainer: ``apptainer``. ``probe_user`` opens /dev/fuse for real when doctor runs
+    as root (mode bits alone miss an LSM or a device cgroup rule).
+    """
+    import subprocess
+
+    if runtime == "none":
+        return [Check("container runtime", True, "none: jobs run on the nodes, images are ignored", info=True)]
+    checks: list[Check] = []
+    if runtime == "charliecloud":
+        ch_run = which("ch-run")
+        if ch_run is None:
+            return [Check("charliecloud (ch-run)", False, "ch-run is not installed",
+                          "apt-get install charliecloud-runtime squashfs-tools (every compute node)")]
+        env = dict(os.environ, USER=os.environ.get("USER", "root"))
+        try:
+            fake = subprocess.run([ch_run, "--feature=overlayfs"], capture_output=True, env=env, timeout=10,
+                                  check=False).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            fake = False
+        if fake:
+            checks.append(Check("charliecloud (ch-run)", True,
+                                f"{ch_run}: --write-fake (the squashfs is run as it is)"))
+        elif which("unsquashfs") is None:
+            checks.append(Check("charliecloud (ch-run)", False, f"{ch_run} has no --write-fake (Charliecloud < 0.33) "
+                                "and unsquashfs is missing: jobs cannot unpack their image",
+                                "apt-get install squashfs-tools (or Charliecloud >= 0.33)"))
+        else:
+            checks.append(Check("charliecloud (ch-run)", True, f"{ch_run}: no --write-fake (Charliecloud < 0.33): each "
+                                "job unpacks its image into node-local scratch (seconds per GB; >= 0.33 avoids it)"))
+        try:
+            st = os.stat(fuse)
+        except OSError as exc:
+            checks.append(Check("/dev/fuse", False, f"{fuse}: {exc.strerror}", "modprobe fuse"))
+            return checks
+        if not stat.S_ISCHR(st.st_mode) or (st.st_mode & 0o006) != 0o006:
+            checks.append(Check("/dev/fuse", False, f"{fuse} is mode {stat.S_IMODE(st.st_mode):04o}: users cannot "
+                                "mount their job's squashfs", f"chmod 0666 {fuse} (and a udev rule: "
+                                'KERNEL=="fuse", MODE="0666")'))
+        elif os.geteuid() == 0 and probe_user and (err := _fuse_open_as(probe_user, fuse)) is not None:
+            checks.append(Check("/dev/fuse", False, f"{probe_user} cannot open {fuse}: {err}",
+                                "check the device cgroup / LSM policy for /dev/fuse"))
+        else:
+            checks.append(Check("/dev/fuse", True))
+    elif runtime == "pyxis":
+        checks.append(Check("pyxis (enroot)", which("enroot") is not None, "" if which("enroot") else
+                            "enroot is not installed", "install enroot (+ enroot+caps) on every compute node"))
+        files = [Path(p) for p in plugstack]
+        files += [f for p in plugstack for f in sorted(Path(p + ".d").glob("*.conf"))]
+        found = any("spank_pyxis.so" in f.read_text(errors="replace") for f in files if f.is_file())
+        checks.append(Check("pyxis (plugstack.conf)", found, "" if found else
+                            "no spank_pyxis.so line in plugstack.conf", "add `required /usr/lib/slurm/"
+                            "spank_pyxis.so` to plugstack.conf (or plugstack.conf.d/pyxis.conf), restart slurmd"))
+    elif runtime == "apptainer":
+        checks.append(Check("apptainer", which("apptainer") is not None, "" if which("apptainer") else
+                            "apptainer is not installed", "install apptainer on every compute node"))
+    return checks
+# -- end container runtimes
+
+
 def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None) -> list[Check]:
     """Run every check for this host's ``nodes``; see the module docstring."""
     from slurm_bt.posix.job_notes import STATE_ROOT
@@ -482,6 +588,7 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
                                 f"fix the cause, `rm {fault}`, then `scontrol update nodename={node} state=resume`",
                                 warn=True))
     checks.append(_runtime_root_check(site.storage.runtime))
+    checks += container_runtime_checks(site.container_runtime)
     cache = expand_path(site.storage.cache, user="root", uid=0, home="/root")
     chk = _check_root_dir("shared cache root", cache)
     checks.append(chk)
