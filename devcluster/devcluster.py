@@ -912,6 +912,23 @@ def stop_registries() -> None:
         step(f"{d.name}: {d.stop(10.0)}")
 
 
+def ensure_fuse() -> None:
+    """/dev/fuse 0666, as on a normal Debian 12 machine (here it is 0600): job users' ch-run mounts the
+    job's squashfs image with FUSE, unprivileged (docs/containers.md §Runtimes)."""
+    fuse = Path("/dev/fuse")
+    try:
+        st = fuse.stat()
+    except OSError:
+        run(["modprobe", "fuse"], check=False)
+        if not fuse.exists():
+            step("fuse: /dev/fuse is missing: charliecloud jobs cannot mount their image")
+            return
+        st = fuse.stat()
+    if st.st_mode & 0o666 != 0o666:
+        fuse.chmod(0o666)
+        step("fuse: /dev/fuse made 0666 (users mount squashfs images)")
+
+
 def cmd_up() -> int:
     t0 = time.monotonic()
     ensure_packages()
@@ -933,6 +950,7 @@ def cmd_up() -> int:
     ensure_nodes_healthy()
     write_cluster_json(rel)
     ensure_registry()
+    ensure_fuse()
     step(f"up: cluster {CLUSTER} (Slurm {rel.text}) ready in {time.monotonic() - t0:.1f}s (state {STATE})")
     return 0
 

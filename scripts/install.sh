@@ -12,8 +12,13 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
+# Container images (docs/containers.md, docs/admin.md): skopeo/umoci/squashfs-tools mirror an image into
+# the cache, charliecloud + squashfuse run it unprivileged, docker-registry + apache2-utils (htpasswd)
+# serve the dev cluster's registry; python3-lark/python3-requests are charliecloud's (ch-image) needs.
 pkgs=(slurm-wlm slurmdbd munge mariadb-server python3-venv python3-dev bubblewrap openssh-server
-      util-linux procps iproute2 passwd)
+      util-linux procps iproute2 passwd
+      skopeo umoci charliecloud squashfs-tools squashfuse docker-registry apache2-utils python3-lark
+      python3-requests)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
