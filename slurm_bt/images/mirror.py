@@ -142,6 +142,11 @@ def mirror_image(
         return ImageOutcome(pin.reference, "cluster-hit", hit[0].total_bytes, time.monotonic() - t0, hit[0])
     ensure_team_root(Path(base), team_tier)
     team_tier.layout.ensure(dir_mode=team_tier.dir_mode)
+    # Debris of stagers that provably died (kill -9 mid-mirror): housekeeping, never fatal. A job with
+    # weights already did this in stage_plan; an image-only job has no other chance.
+    with contextlib.suppress(OSError):
+        for p in team_tier.gc_temp():
+            print(f"slurm-bt staging: removed {p} (its writer is dead)", file=out, flush=True)
     cap = plan.containers.max_image_bytes
     hexd = digest_hex(pin.digest)
     with team_tier.lock(f"image-{hexd}", LockOptions(timeout_s=lock_timeout_s, log_every_s=30.0)):
