@@ -4,8 +4,8 @@ Why skopeo (Debian package): it speaks the registry protocol (token auth, redire
 manifest lists, retries) and verifies every blob it copies against its digest; a hand-written client
 would have to re-do all of that. It runs with:
 
-* ``--authfile`` in a fresh 0700 temp directory (0600 file, removed afterwards): credentials never
-  appear in argv (``ps``) or in the environment of a visible process;
+* ``--authfile /proc/self/fd/N``, a memfd inherited by skopeo: credentials never appear in argv
+  (``ps``), in an environment or on any filesystem, and vanish with the processes (kill -9 included);
 * ``--cert-dir`` holding the site's CA bundle (``[containers] ca_bundle``) when one is set;
 * ``--policy`` our own accept-anything signature policy: images are pinned by digest at submit and
   every blob is verified against it; signature verification is not done (docs/containers.md);
@@ -45,14 +45,19 @@ class RegistryAccess:
     """Arguments that give skopeo the credentials and CAs of one operation."""
 
     tmp: Path
-    authfile: Path
+    auth_fd: int  # a memfd holding the auth JSON, passed to skopeo (never on a filesystem)
     cert_dir: Path | None
     policy: Path
+
+    @property
+    def authfile(self) -> str:
+        """The path skopeo opens: the inherited memfd, reopened through /proc (any number of times)."""
+        return f"/proc/self/fd/{self.auth_fd}"
 
     def args(self, *, src: bool = False) -> list[str]:
         """Authfile, cert dir and TLS flags (``--src-*`` spelling for ``copy``'s source)."""
         pre = "--src-" if src else "--"
-        out = [f"{pre}authfile", str(self.authfile)]
+        out = [f"{pre}authfile", self.authfile]
         if self.cert_dir is not None:
             out += [f"{pre}cert-dir", str(self.cert_dir)]
         return out
@@ -73,8 +78,15 @@ class SkopeoFailure(Exception):
 @contextlib.contextmanager
 def registry_access(registry: str, login: tuple[str, str] | None, ca_bundle: str | None,
                     tmp_parent: str | None = None) -> Iterator[RegistryAccess]:
-    """A private temp dir with the authfile (``login`` for ``registry``, else empty) and the CA dir."""
+    """The credentials (``login`` for ``registry``, else none) in a memfd, and a private temp dir with
+    the signature policy and the CA dir.
+
+    Why a memfd and not a 0600 file: it exists only while this process (and the skopeo it starts)
+    holds it, so a ``kill -9`` of the staging job leaves no credential anywhere, not even in the
+    user's own /tmp.
+    """
     tmp = Path(tempfile.mkdtemp(prefix="bt-registry-", dir=tmp_parent))
+    auth_fd = os.memfd_create("bt-registry-auth", os.MFD_CLOEXEC)
     try:
         os.chmod(tmp, 0o700)
         auths: dict[str, object] = {}
@@ -82,8 +94,7 @@ def registry_access(registry: str, login: tuple[str, str] | None, ca_bundle: str
             import base64
 
             auths[registry] = {"auth": base64.b64encode(f"{login[0]}:{login[1]}".encode()).decode()}
-        authfile = tmp / "auth.json"
-        _write_private(authfile, json.dumps({"auths": auths}).encode())
+        os.write(auth_fd, json.dumps({"auths": auths}).encode())
         policy = tmp / "policy.json"
         _write_private(policy, b'{"default":[{"type":"insecureAcceptAnything"}]}')
         cert_dir = None
@@ -94,8 +105,9 @@ def registry_access(registry: str, login: tuple[str, str] | None, ca_bundle: str
             cert_dir.mkdir(mode=0o700)
             # skopeo reads *.crt of the directory as CAs; a copy, so the site file need not be named so
             _write_private(cert_dir / "ca.crt", _read_ca(Path(ca_bundle)))
-        yield RegistryAccess(tmp=tmp, authfile=authfile, cert_dir=cert_dir, policy=policy)
+        yield RegistryAccess(tmp=tmp, auth_fd=auth_fd, cert_dir=cert_dir, policy=policy)
     finally:
+        os.close(auth_fd)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -136,7 +148,7 @@ def run_skopeo(argv: Sequence[str], access: RegistryAccess, *, timeout_s: float,
     full = [SKOPEO, "--policy", str(access.policy), *argv]
     with tempfile.TemporaryFile(dir=access.tmp) as out, tempfile.TemporaryFile(dir=access.tmp) as err:
         proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=access.env(),
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True, pass_fds=(access.auth_fd,))
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -259,3 +259,37 @@ def test_two_concurrent_stagers_pull_once(oci_registries: OciRegistries, tmp_pat
         t.join(120)
     assert sorted(results) == ["cluster-hit", "miss"]
     assert oci_registries.public.blob_gets(big) - before == 1
+
+
+def test_credentials_reach_skopeo_only_through_a_memfd(oci_registries: OciRegistries, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not in argv, not in the environment, not in any file while skopeo runs; gone afterwards."""
+    import subprocess as sp
+
+    tag = uuid.uuid4().hex[:8]
+    host = oci_registries.private.host
+    oci_registries.push("team/memfd", tag, {}, private=True)
+    site = _site(oci_registries, tmp_path)
+    seen: list[str] = []
+    real_popen = sp.Popen
+
+    def spy(argv: list[str], **kw: object) -> sp.Popen[bytes]:
+        seen.append(" ".join(argv) + repr(kw.get("env")))
+        env = kw.get("env")
+        assert isinstance(env, dict)
+        for root, _, names in os.walk(env["TMPDIR"]):
+            for n in names:
+                seen.append(Path(root, n).read_text(errors="replace"))
+        return real_popen(argv, **kw)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr("slurm_bt.images.skopeo.subprocess.Popen", spy)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "t"))
+    (tmp_path / "t").mkdir()
+    pin = pin_image(_spec(tmp_path, f"{host}/team/memfd:{tag}", site, auth_registry=host), site,
+                    _store(tmp_path, "alice:alice-pw"))
+    assert pin.private and seen
+    import base64
+
+    token = base64.b64encode(b"alice:alice-pw").decode()
+    assert not any("alice-pw" in s or token in s for s in seen)
+    assert list((tmp_path / "t").iterdir()) == []
