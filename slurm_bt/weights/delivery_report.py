@@ -173,12 +173,17 @@ def with_node_copy_state(row: dict[str, Any]) -> dict[str, Any]:
 def weights_status(record: SubmissionRecord | None) -> dict[str, Any] | None:
     """Which tier served each weights source, per node (``read_weights_status``), or None.
 
-    ``None`` for jobs without a record or without weights: those cost no file access at all, which
-    keeps ``slurm-bt status`` as fast as before for them. Otherwise ``<job_dir>/weights`` is read
-    only if it is a directory the caller owns (step 1 and the staging job write it as the job user),
-    so a record edited to point elsewhere cannot make status read someone else's files.
+    ``None`` for jobs without a record or without weights or image: those cost no file access (one
+    lstat for jobs without weights), which keeps ``slurm-bt status`` as fast as before for them.
+    Otherwise ``<job_dir>/weights`` is read only if it is a directory the caller owns (step 1 and the
+    staging job write it as the job user), so a record edited to point elsewhere cannot make status
+    read someone else's files.
     """
-    if record is None or record.weights_sources <= 0:
+    if record is None:
+        return None
+    # A container job's image is reported in the same files (its node tier, kind "image"): one lstat
+    # of <job_dir>/image for jobs without weights.
+    if record.weights_sources <= 0 and not os.path.isdir(Path(record.job_dir) / "image"):
         return None
     folder = Path(record.job_dir) / "weights"
     try:
