@@ -870,6 +870,13 @@ def _oci_image():  # devcluster/oci_image.py: a sibling script, imported by path
 
 
 def ensure_registry() -> None:
+    try:
+        _ensure_registry()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # the builder's and tools' errors
+        raise Failure(f"registry: {e}", REGISTRY_DIR / "public" / "registry.log") from e
+
+
+def _ensure_registry() -> None:
     missing = [t for t in ("docker-registry", "skopeo", "umoci", "openssl", "htpasswd") if not shutil.which(t)]
     if missing:
         step(f"registry: skipped, not installed: {' '.join(missing)} (scripts/install.sh installs them)")
