@@ -165,4 +165,7 @@ def test_second_job_starts_from_the_node_tier(users: dict[str, object], ch_site:
         assert record["current_status"] == "TRAINING_JOB_COMPLETED", (record, logs)
         assert "inside=yes" in logs
     assert _image_tiers(str(record["job_dir"])) == {node: "node-hit"}
+    # status --json shows the image's node tier for a job without weights too
+    [entry] = record["weights"]["nodes"][node]
+    assert (entry["kind"], entry["tier"]) == ("image", "node-hit"), record["weights"]
     aftermath(job_id, USER)
