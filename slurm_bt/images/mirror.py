@@ -202,6 +202,7 @@ def mirror_image(
         m = image_manifest(pin, sha, n)
         with team_tier.lock(f"manifest-{m.manifest_id}"):
             team_tier.add_manifest(m)
-        team_tier.write_pin(image_pin_key(pin.digest), m)
+        with contextlib.suppress(OSError):  # a teammate's record may sit there (sticky dir): theirs stays
+            team_tier.write_pin(image_pin_key(pin.digest), m)
     write_job_image_manifest(job_dir, m)
     return ImageOutcome(pin.reference, "miss", m.total_bytes, time.monotonic() - t0, m)
