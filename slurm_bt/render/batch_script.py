@@ -438,9 +438,11 @@ CH_RUN_PRELUDE = """\
   if ch-run --feature=overlayfs >/dev/null 2>&1; then bt_ch=(ch-run --private-tmp --write-fake)
   else
     bt_ch=(ch-run --private-tmp -w)
-    if [ ! -e "$bt_root.done" ]; then
-      rm -rf -- "$bt_root" && unsquashfs -no-progress -quiet -no-xattrs -d "$bt_root" "$bt_img" >/dev/null \\
-        && : > "$bt_root.done" || { echo "slurm-bt: cannot unpack $bt_img into $bt_root on $(hostname)" >&2; exit 1; }
+    if [ ! -d "$bt_root" ]; then
+      bt_tmp="$bt_root.$$"
+      unsquashfs -no-progress -quiet -no-xattrs -d "$bt_tmp" "$bt_img" >/dev/null \\
+        || { rm -rf -- "$bt_tmp"; echo "slurm-bt: cannot unpack $bt_img on $(hostname)" >&2; exit 1; }
+      mv -T -- "$bt_tmp" "$bt_root" 2>/dev/null || rm -rf -- "$bt_tmp"  # a session unpacked it first
     fi
     bt_img=$bt_root
   fi"""
@@ -451,7 +453,9 @@ roots) need mount points. Charliecloud >= 0.33 has ``--write-fake`` (a tmpfs ove
 read-only squashfs, unprivileged overlayfs): the squashfs is used as it is. Older releases (Debian 12
 ships 0.31) cannot create a mount point in a read-only image, so the squashfs is unpacked once per
 job and node into the job's node-local scratch (removed with it by the epilog) and run writable,
-as enroot does for pyxis. ch-run 0.31 binds no home directory by default (``--home`` would).
+as enroot does for pyxis. It is unpacked under a temporary name and renamed into place, so step 2
+and a ``slurm-bt ssh`` session starting at the same time never see (or remove) each other's
+half-unpacked tree. ch-run 0.31 binds no home directory by default (``--home`` would).
 ``--private-tmp``: the job's /tmp is its own (as in a Baseten container), and a bind target under /tmp
 (``load_checkpoint_config.download_folder`` defaults to /tmp/loaded_checkpoints) can be created there:
 ch-run cannot create one inside the host's /tmp that it binds otherwise.

@@ -24,9 +24,11 @@ if [ "${1:-}" != --in-container ]; then
   if ch-run --feature=overlayfs >/dev/null 2>&1; then bt_ch=(ch-run --private-tmp --write-fake)
   else
     bt_ch=(ch-run --private-tmp -w)
-    if [ ! -e "$bt_root.done" ]; then
-      rm -rf -- "$bt_root" && unsquashfs -no-progress -quiet -no-xattrs -d "$bt_root" "$bt_img" >/dev/null \
-        && : > "$bt_root.done" || { echo "slurm-bt: cannot unpack $bt_img into $bt_root on $(hostname)" >&2; exit 1; }
+    if [ ! -d "$bt_root" ]; then
+      bt_tmp="$bt_root.$$"
+      unsquashfs -no-progress -quiet -no-xattrs -d "$bt_tmp" "$bt_img" >/dev/null \
+        || { rm -rf -- "$bt_tmp"; echo "slurm-bt: cannot unpack $bt_img on $(hostname)" >&2; exit 1; }
+      mv -T -- "$bt_tmp" "$bt_root" 2>/dev/null || rm -rf -- "$bt_tmp"  # a session unpacked it first
     fi
     bt_img=$bt_root
   fi

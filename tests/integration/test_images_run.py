@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,4 +169,31 @@ def test_second_job_starts_from_the_node_tier(users: dict[str, object], ch_site:
     # status --json shows the image's node tier for a job without weights too
     [entry] = record["weights"]["nodes"][node]
     assert (entry["kind"], entry["tier"]) == ("image", "node-hit"), record["weights"]
+    aftermath(job_id, USER)
+
+
+def test_ssh_into_a_charliecloud_job_enters_its_image(users: dict[str, object], ch_site: Path) -> None:
+    config = write_job(USER, """
+        from truss_train import definitions
+        project = definitions.TrainingProject(name="images-ssh", job=definitions.TrainingJob(
+            image=definitions.Image(base_image="python:3.11-slim"),
+            compute=definitions.Compute(cpu_count=1, memory="256Mi"),
+            runtime=definitions.Runtime(start_commands=["sleep 60"]),
+        ))
+        """)
+    sub = _bt(ch_site, str(BIN / "bt-sbatch"), "--parsable", str(config), cwd=config.parent)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().splitlines()[-1].split(";")[0]
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout
+            if state.strip() == "RUNNING":
+                break
+            time.sleep(0.5)
+        ssh = _bt(ch_site, str(BIN / "slurm-bt"), "ssh", job_id, "--node", "0", "--command",
+                  'echo "in=${CH_RUNNING:+yes}"; test -e /etc/slurm || echo no-host-etc-slurm', timeout=120)
+        assert "in=yes" in ssh.stdout and "no-host-etc-slurm" in ssh.stdout, ssh.stdout + ssh.stderr
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, check=False)
     aftermath(job_id, USER)
