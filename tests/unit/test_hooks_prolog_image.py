@@ -212,3 +212,33 @@ def test_symlinked_or_fifo_manifest_is_refused(site: Site, kind: str, capfd: pyt
     assert "manifest.json" in err, err
     assert "DRAIN" not in capfd.readouterr().err
     assert stat.S_ISLNK(os.lstat(target).st_mode) or stat.S_ISFIFO(os.lstat(target).st_mode)
+
+
+def test_node_copy_false_starts_a_shared_tier_image_in_place(site: Site) -> None:
+    """``[containers] node_copy = false``: an image in the root-owned shared tier is linked, not copied;
+    one in a team tier is still copied (its blobs are a teammate's)."""
+    node_root = _weights_site(site)
+    site.site.write_text(site.site.read_text() + "\n[containers]\nnode_copy = false\n")
+    sqfs = random_bytes(1 << 20, 11)
+    origin = site.base / "origin-shared-img"
+    write_origin(origin, {IMAGE_FILE: sqfs})
+    digest = _digest(11)
+    m = Manifest(kind="oci", source=f"oci://{RESOLVED}@{digest}", revision=digest,
+                 files=(ManifestFile(path=IMAGE_FILE, size=len(sqfs), sha256=hashlib.sha256(sqfs).hexdigest()),))
+    (site.base / "shared" / "weights").mkdir(parents=True, exist_ok=True)
+    shared = ClusterCache.shared(site.base / "shared" / "weights")
+    shared.ensure(m, DirFetcher(origin), authorize=allow)
+    work = _image_job(site, "btu1", m, "i9")
+    assert run(site, "prolog", job_env(site, "btu1", "49", work)) == 0
+    rec = read_hook_state("n1", "49", site.state).record
+    assert rec is not None and rec["image"]["tier"] == "shared-direct", rec
+    link = node_root / "jobs" / "49" / "img"
+    assert Path(os.path.realpath(link)) == shared.snapshot_path(m)
+    assert not any(node_root.rglob(m.files[0].sha256)), "no node copy was made"
+    assert as_user("btu1", lambda: (link / IMAGE_FILE).read_bytes() == sqfs) is True
+
+    team_m, _ = _image_entry(site, "btteam1", 12)
+    work2 = _image_job(site, "btu1", team_m, "i10")
+    assert run(site, "prolog", job_env(site, "btu1", "50", work2)) == 0
+    rec2 = read_hook_state("n1", "50", site.state).record
+    assert rec2 is not None and rec2["image"]["tier"] in ("cluster-hit", "node-staging"), rec2
