@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,12 +32,17 @@ __all__ = ["RegistryAccess", "SkopeoFailure", "registry_access", "run_skopeo"]
 
 SKOPEO = "/usr/bin/skopeo"
 _KIND_RULES = (
-    # classified from skopeo's stderr (it has no machine-readable errors); most specific first
-    ("auth", ("unauthorized", "authentication required", "denied", "invalid username/password",
-              "401", "403")),
-    ("not_found", ("manifest unknown", "name unknown", "not found", "404", "no such image")),
-    ("integrity", ("digest did not match", "digest mismatch", "doesn't match", "does not match",
-                   "size mismatch", "content digest")),
+    # classified from skopeo's stderr (it has no machine-readable errors); most specific first.
+    # Network failures first: their text carries ports and addresses ("127.0.0.1:40123"), which a
+    # bare "401" needle would read as an HTTP status. Status codes only as whole words, and a local
+    # "permission denied" (a file skopeo could not write) is not a registry's refusal.
+    ("unreachable", re.compile(r"connection refused|no such host|i/o timeout|network is unreachable|"
+                               r"connection reset|tls handshake timeout|no route to host")),
+    ("auth", re.compile(r"unauthorized|authentication required|(?<!permission )denied|"
+                        r"invalid username/password|\b40[13]\b")),
+    ("not_found", re.compile(r"manifest unknown|name unknown|not found|\b404\b|no such image")),
+    ("integrity", re.compile(r"digest did not match|digest mismatch|doesn't match|does not match|"
+                             r"size mismatch|content digest")),
 )
 
 
@@ -132,8 +138,8 @@ def _write_private(path: Path, data: bytes) -> None:
 def classify(stderr: str) -> str:
     """The failure kind of a skopeo error message."""
     low = stderr.lower()
-    for kind, needles in _KIND_RULES:
-        if any(n in low for n in needles):
+    for kind, pattern in _KIND_RULES:
+        if pattern.search(low):
             return kind
     return "unreachable"
 
