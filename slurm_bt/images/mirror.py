@@ -187,8 +187,10 @@ def mirror_image(
 
             remove_owned_tree(layout)  # the layers are applied: free their space before packing
             _add_mount_points(bundle / "rootfs")
+            # zstd level 3: ~40x faster than mksquashfs's default gzip here at about the same size (and
+            # faster to read); squashfuse, the kernel, enroot and Apptainer all read zstd squashfs
             _tool(["mksquashfs", str(bundle / "rootfs"), str(sqfs), "-noappend", "-all-root", "-no-progress",
-                   "-quiet", "-no-xattrs"], max_file_bytes=cap)
+                   "-quiet", "-no-xattrs", "-comp", "zstd", "-Xcompression-level", "3"], max_file_bytes=cap)
             remove_owned_tree(bundle)
             fd = open_regular(sqfs)
             try:
