@@ -2,7 +2,7 @@
 
 * a 2-node job as btu1: the start commands run inside the image (ch-run on the node's copy of the
   squashfs: the host's /etc/slurm is not there, CH_RUNNING is set), each node sees its rank and the
-  job's environment (BT_*, MASTER_*, SLURM_*, the config's variables), the weights read-only at their
+  job's environment (BT_*, MASTER_*, SLURM_*, the config's variables and secrets), the weights read-only at their
   mount_location, a writable checkpoint dir at checkpoint_path, the snapshot as working directory;
   the prolog staged the image to the node tier and step 1 reported its tier (``image`` entry);
 * a second job of the same image starts from the node tier (``node-hit`` on its node).
@@ -51,6 +51,7 @@ for root, _, names in os.walk("/app/models/m"):
         p = os.path.join(root, n)
         files[os.path.relpath(p, "/app/models/m")] = hashlib.sha256(open(p, "rb").read()).hexdigest()
 out["weights"] = files
+out["secret_ok"] = os.environ.get("MY_SECRET") == "s3cr3t-" + os.environ.get("MY_VAR", "")[:5]
 try:
     open("/app/models/m/written-by-job", "w").write("x")
     out["weights_writable"] = True
@@ -115,6 +116,9 @@ def test_two_node_job_runs_inside_the_pinned_image(users: dict[str, object], ch_
     tag = uuid.uuid4().hex[:8]
     model = {"config.json": b'{"hidden": 8}', "model.safetensors": os.urandom(300_000)}
     fake_hub.add_repo(f"org/img-{tag}", model)
+    secret = as_user(USER, ["env", f"SLURM_BT_SITE_CONFIG={ch_site}", str(BIN / "slurm-bt"), "secrets", "set",
+                            "img_secret"], input="s3cr3t-hello\n")
+    assert secret.returncode == 0, secret.stderr
     config = write_job(USER, f"""
         from truss_train import WeightsSource, definitions
         project = definitions.TrainingProject(name="images-run-{tag}", job=definitions.TrainingJob(
@@ -122,7 +126,8 @@ def test_two_node_job_runs_inside_the_pinned_image(users: dict[str, object], ch_
             compute=definitions.Compute(node_count=2, cpu_count=1, memory="256Mi"),
             runtime=definitions.Runtime(
                 start_commands=["python3 probe.py"],
-                environment_variables={{"MY_VAR": "hello image"}},
+                environment_variables={{"MY_VAR": "hello image",
+                                       "MY_SECRET": definitions.SecretReference(name="img_secret")}},
                 checkpointing_config=definitions.CheckpointingConfig(enabled=True, checkpoint_path="/mnt/ckpts"),
             ),
             weights=[WeightsSource(source="hf://org/img-{tag}@main", mount_location="/app/models/m")],
@@ -143,9 +148,11 @@ def test_two_node_job_runs_inside_the_pinned_image(users: dict[str, object], ch_
         assert env["MASTER_ADDR"] and env["MASTER_PORT"] and env["MY_VAR"] == "hello image"
         assert env["BT_CHECKPOINT_DIR"] == "/mnt/ckpts" and env["BT_WEIGHTS_0"] == "/app/models/m"
         assert p["weights"] == want
+        assert p["secret_ok"] is True, "the secret did not reach the start commands inside the image"
         assert p["weights_writable"] in ("Read-only file system", "Permission denied"), p
         assert p["ckpt_written"] == "saved"
     assert "slurm-bt image: image python:3.11-slim@sha256:" in logs
+    assert "s3cr3t" not in logs
     tiers = _image_tiers(str(record["job_dir"]))
     assert set(tiers) == set(users["nodes"]) and set(tiers.values()) <= {"cluster-hit", "node-hit"}, tiers  # type: ignore[call-overload]
     aftermath(job_id, USER)
