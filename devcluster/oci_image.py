@@ -214,6 +214,37 @@ def derive(base: Path, dest: Path, tag: str, files: dict[str, bytes], *, remove:
     return dest
 
 
+def add_tag(layout: Path, base_tag: str, tag: str, files: dict[str, bytes]) -> None:
+    """Another image in ``layout``: ``base_tag`` plus one layer with ``files``, tagged ``tag``."""
+    def fill(rootfs: Path) -> None:
+        for rel, data in files.items():
+            p = rootfs / rel.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+
+    _umoci_add_layer(layout, base_tag, tag, fill)
+
+
+def make_index(layout: Path, platforms: dict[str, str], tag: str) -> None:
+    """Tag ``tag`` in ``layout`` as an OCI image index: platform ("os/arch[/variant]") → existing tag."""
+    index = json.loads((layout / "index.json").read_text())
+    by_name = {m["annotations"]["org.opencontainers.image.ref.name"]: m for m in index["manifests"]}
+    entries = []
+    for platform, src in platforms.items():
+        parts = platform.split("/")
+        plat = {"os": parts[0], "architecture": parts[1], **({"variant": parts[2]} if len(parts) > 2 else {})}
+        m = by_name[src]
+        entries.append({"mediaType": m["mediaType"], "digest": m["digest"], "size": m["size"], "platform": plat})
+    body = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                       "manifests": entries}).encode()
+    digest = hashlib.sha256(body).hexdigest()
+    (layout / "blobs" / "sha256" / digest).write_bytes(body)
+    index["manifests"].append({"mediaType": "application/vnd.oci.image.index.v1+json",
+                               "digest": f"sha256:{digest}", "size": len(body),
+                               "annotations": {"org.opencontainers.image.ref.name": tag}})
+    (layout / "index.json").write_text(json.dumps(index))
+
+
 # -- TLS and auth ---------------------------------------------------------------------------------------
 
 
@@ -371,13 +402,15 @@ def has_tag(registry: Registry, repo: str, tag: str) -> bool:
 
 def push(layout: Path, tag: str, registry: Registry, repo: str, dest_tag: str, *,
          user: str | None = None, password: str | None = None) -> str:
-    """Push ``layout:tag`` to ``registry`` as ``repo:dest_tag``; returns the manifest digest."""
+    """Push ``layout:tag`` to ``registry`` as ``repo:dest_tag`` (an index with all its images); returns
+    the digest of what the tag names (manifest or index)."""
     with tempfile.TemporaryDirectory(prefix="bt-push-") as tmp:
         certs = Path(tmp) / "certs"
         certs.mkdir()
         shutil.copy(registry.ca, certs / "ca.crt")
         digest_file = Path(tmp) / "digest"
-        argv = ["skopeo", "copy", "--quiet", "--dest-cert-dir", str(certs), "--digestfile", str(digest_file)]
+        argv = ["skopeo", "copy", "--all", "--quiet", "--dest-cert-dir", str(certs), "--digestfile",
+                str(digest_file)]
         if user is not None and password is not None:
             auth = Path(tmp) / "auth.json"
             write_authfile(auth, registry.host, user, password)

@@ -10,6 +10,7 @@ pushes it; ``blob_gets`` counts blob downloads in a registry's access log (one-p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -48,6 +49,24 @@ class OciRegistries:
             return str(oci_image.push(layout, "t", reg, repo, tag, user=creds[0], password=creds[1]))
         finally:
             shutil.rmtree(layout.parent, ignore_errors=True)
+
+    def push_index(self, repo: str, tag: str, files_by_platform: dict[str, dict[str, bytes]]) -> dict[str, str]:
+        """A multi-platform image: one image per platform ("linux/amd64", ...), each base + ``files``,
+        under one image index; returns {platform: manifest digest, "index": index digest}."""
+        root = Path(tempfile.mkdtemp(dir=self.root, prefix="layout-"))
+        try:
+            platforms = list(files_by_platform)
+            layout = derive(base_layout(), root / "l", "p0", files_by_platform[platforms[0]])
+            for i, p in enumerate(platforms[1:], 1):
+                oci_image.add_tag(layout, "base", f"p{i}", files_by_platform[p])
+            oci_image.make_index(layout, {p: f"p{i}" for i, p in enumerate(platforms)}, "idx")
+            index = json.loads((layout / "index.json").read_text())
+            names = {m["annotations"]["org.opencontainers.image.ref.name"]: m["digest"] for m in index["manifests"]}
+            out = {p: names[f"p{i}"] for i, p in enumerate(platforms)}
+            out["index"] = str(oci_image.push(layout, "idx", self.public, repo, tag))
+            return out
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
     def site_toml(self, *, mirror_docker_io: bool = True) -> str:
         """The ``[containers]`` table pointing docker.io at the public registry and trusting the CA."""

@@ -113,6 +113,29 @@ def test_public_image_pinned_through_the_mirror(oci_registries: OciRegistries, t
     assert pin.reference == f"pytest-img:{tag}" and not pin.private
 
 
+def test_multi_platform_image_pins_the_nodes_platform(oci_registries: OciRegistries, tmp_path: Path) -> None:
+    """Registries serve an index for multi-arch images (python:3.11-slim is one): the pin is the nodes'
+    platform's manifest, and the mirror stages that platform's files."""
+    tag = uuid.uuid4().hex[:8]
+    got = oci_registries.push_index("library/pytest-multi", tag, {"linux/arm64": {"etc/arch": b"arm64\n"},
+                                                                  "linux/amd64": {"etc/arch": b"amd64\n"}})
+    site = _site(oci_registries, tmp_path)
+    spec = _spec(tmp_path, f"pytest-multi:{tag}", site)
+    pin = pin_image(spec, site, _store(tmp_path))
+    assert pin.digest == got["linux/amd64"] != got["linux/arm64"]
+    arm = site.model_copy(update={"containers": site.containers.model_copy(update={"platform": "linux/arm64"})})
+    assert pin_image(spec, arm, _store(tmp_path)).digest == got["linux/arm64"]
+    ppc = site.model_copy(update={"containers": site.containers.model_copy(update={"platform": "linux/ppc64le"})})
+    with pytest.raises(ConfigError, match="linux/ppc64le"):
+        pin_image(spec, ppc, _store(tmp_path))
+    out = mirror_image(tmp_path, spec.model_copy(update={"image_pin": pin}), _plan(site), _store(tmp_path))
+    from slurm_bt.weights.plan import cluster_tiers
+
+    blob = cluster_tiers(site.storage.cluster_cache, _team())[0].layout.blob(out.manifest.files[0].sha256)
+    assert subprocess.run(["unsquashfs", "-cat", str(blob), "etc/arch"], capture_output=True,
+                          check=True).stdout == b"amd64\n"
+
+
 def test_missing_tag_is_exit_2_at_base_image(oci_registries: OciRegistries, tmp_path: Path) -> None:
     site = _site(oci_registries, tmp_path)
     with pytest.raises(ConfigError) as err:
