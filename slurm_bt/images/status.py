@@ -8,8 +8,6 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurm_bt.images.entry import job_image_manifest_path
-
 if TYPE_CHECKING:
     from slurm_bt.records import SubmissionRecord
 
@@ -49,6 +47,9 @@ def image_status(record: SubmissionRecord | None) -> dict[str, Any] | None:
     raw = _read_own(folder / "pin.json", 64 << 10)
     if raw is None:
         return None
+    # Imported here, not at the top: they load pydantic and ctypes, and `status` of jobs without an
+    # image must stay as light as the sacct call it wraps (tests/integration/test_lifecycle.py).
+    from slurm_bt.images.entry import job_image_manifest_path
     from slurm_bt.job_spec import ImagePin
 
     try:
