@@ -473,7 +473,7 @@ def stage_image_for_job(
         entry, node = nodes.stage_entry(m, job_id, nodes.shared.has(m), stager, index=0, link_name=IMAGE_LINK)
         if entry["tier"] == "node-staging" and stager is not None:
             _short_wait([(entry, node, m)], t0 + (stager.prolog_wait_s if wait_s is None else wait_s))
-    entry.update(kind="image", link=IMAGE_LINK, source=f"image {reference}@{m.revision[:19]}")
+    entry.update(kind="image", link=IMAGE_LINK, source=f"{reference}@{m.revision[:19]}")
     if log is not None:
         log(_line(entry))
     nodes.write_record(environ, job_id, IMAGE_RECORD, {"job_id": job_id, "image": entry})

@@ -151,7 +151,7 @@ def test_two_node_job_runs_inside_the_pinned_image(users: dict[str, object], ch_
         assert p["secret_ok"] is True, "the secret did not reach the start commands inside the image"
         assert p["weights_writable"] in ("Read-only file system", "Permission denied"), p
         assert p["ckpt_written"] == "saved"
-    assert "slurm-bt image: image python:3.11-slim@sha256:" in logs
+    assert "slurm-bt image: python:3.11-slim@sha256:" in logs
     assert "s3cr3t" not in logs
     tiers = _image_tiers(str(record["job_dir"]))
     assert set(tiers) == set(users["nodes"]) and set(tiers.values()) <= {"cluster-hit", "node-hit"}, tiers  # type: ignore[call-overload]

@@ -95,7 +95,7 @@ def test_image_staged_to_node_tier_then_hit_and_released(site: Site) -> None:
     assert run(site, "prolog", job_env(site, "btu1", "41", work)) == 0
     rec = read_hook_state("n1", "41", site.state).record
     assert rec is not None and rec["image"]["tier"] == "cluster-hit", rec
-    assert rec["image"]["source"].startswith("image python:3.11-slim@sha256:")
+    assert rec["image"]["source"].startswith("python:3.11-slim@sha256:")
     link = node_root / "jobs" / "41" / "img"
     # A team-tier image goes to the team's private subtree: a squashfs a teammate built is not everyone's.
     assert "/private/" in os.path.realpath(link)
