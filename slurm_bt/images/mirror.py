@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -111,6 +112,52 @@ def _compressed_size(manifest_raw: bytes) -> int:
     return total
 
 
+@contextlib.contextmanager
+def _layer_stream(path: Path, media_type: str) -> Iterator[IO[bytes]]:
+    """The layer's tar stream, decompressed (gzip in-process, zstd through the zstd tool)."""
+    import gzip
+
+    with open(path, "rb") as raw:
+        if media_type.endswith("+zstd"):
+            proc = subprocess.Popen(["zstd", "-dc"], stdin=raw, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            assert proc.stdout is not None
+            try:
+                yield proc.stdout
+            finally:
+                proc.stdout.close()
+                proc.kill()
+                proc.wait()
+        elif "gzip" in media_type:
+            with gzip.GzipFile(fileobj=raw) as gz:
+                yield gz  # type: ignore[misc]
+        else:
+            yield raw
+
+
+def _check_unpacked_size(layout: Path, cap: int, what: str) -> None:
+    """Refuse an image whose layers unpack to more than ``cap`` bytes, before unpacking anything.
+
+    One streaming pass over each (already digest-verified) layer, summing its tar members' sizes: a
+    small layer that decompresses to terabytes (a decompression bomb) is refused here instead of
+    filling the tier's filesystem.
+    """
+    import tarfile
+
+    index = json.loads((layout / "index.json").read_bytes())
+    digest = index["manifests"][0]["digest"].split(":", 1)[1]
+    manifest = json.loads((layout / "blobs" / "sha256" / digest).read_bytes())
+    total = 0
+    for layer in manifest.get("layers", []):
+        path = layout / "blobs" / "sha256" / str(layer["digest"]).split(":", 1)[1]
+        with _layer_stream(path, str(layer.get("mediaType", ""))) as stream, \
+                tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                total += max(member.size, 0)
+                if total > cap:
+                    raise StorageError(what, f"image unpacks to more than {cap} bytes ([containers] "
+                                             "max_image_bytes); refused before unpacking")
+
+
 def mirror_image(
     job_dir: Path, spec: JobSpec, plan: ImagePlan, store: SecretStore, *,
     out: IO[str] = sys.stdout, lock_timeout_s: float = _LOCK_TIMEOUT_S,
@@ -182,6 +229,7 @@ def mirror_image(
                                                     "nothing was published") from None
                 raise SourceError(pin.resolved, f"pull failed ({exc.kind}): {exc}",
                                   transient=exc.kind in ("unreachable", "timeout")) from None
+            _check_unpacked_size(layout, cap, pin.resolved)
             _tool(["umoci", "unpack", "--rootless", "--image", f"{layout}:img", str(bundle)], max_file_bytes=cap)
             from slurm_bt.posix.safefs import remove_owned_tree
 

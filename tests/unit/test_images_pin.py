@@ -316,3 +316,21 @@ def test_credentials_reach_skopeo_only_through_a_memfd(oci_registries: OciRegist
     token = base64.b64encode(b"alice:alice-pw").decode()
     assert not any("alice-pw" in s or token in s for s in seen)
     assert list((tmp_path / "t").iterdir()) == []
+
+
+def test_decompression_bomb_is_refused_before_unpacking(oci_registries: OciRegistries, tmp_path: Path) -> None:
+    """A layer that is small compressed and huge unpacked: refused from its tar headers, nothing written."""
+    from slurm_bt.errors import StorageError
+
+    tag = uuid.uuid4().hex[:8]
+    oci_registries.push("library/pytest-bomb", tag, {"opt/zeros.bin": bytes(80 << 20)})
+    site = _site(oci_registries, tmp_path)
+    site = site.model_copy(update={"containers": site.containers.model_copy(update={"max_image_bytes": 64 << 20})})
+    spec = _spec(tmp_path, f"pytest-bomb:{tag}", site)
+    spec = spec.model_copy(update={"image_pin": pin_image(spec, site, _store(tmp_path))})
+    with pytest.raises(StorageError, match="unpacks to more than"):
+        mirror_image(tmp_path, spec, _plan(site), _store(tmp_path))
+    from slurm_bt.weights.plan import cluster_tiers
+
+    team_tier = cluster_tiers(site.storage.cluster_cache, _team())[0]
+    assert team_tier.entries() == [] and not any(team_tier.layout.tmp.iterdir())
