@@ -140,9 +140,9 @@ def job_layout(spec: JobSpec, *, job_id: str, node: str | None, account: str | N
 
     workdir = spec.src_dir
     if spec.container_runtime == "charliecloud":
-        # ch-run binds nothing of the host's but /dev, /proc, /sys, /tmp (and, before Charliecloud
-        # 0.32, the home directory, which slurm-bt turns off): the entry script and job.json must be
-        # shown to the container. First, so that binds inside the job dir land on a path that exists.
+        # ch-run binds nothing of the host's but /dev, /proc, /sys and /tmp: the entry script and
+        # job.json must be shown to the container (node_entry.sh binds $HOME before these, which
+        # usually holds the job dir). First, so that binds inside the job dir land on a path that exists.
         binds.append(BindMount(ctx.job_dir, ctx.job_dir))
     if in_container:
         workdir = BASETEN_WORKDIR if spec.enable_baseten_workdir else spec.src_dir

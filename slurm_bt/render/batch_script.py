@@ -445,7 +445,8 @@ CH_RUN_PRELUDE = """\
       mv -T -- "$bt_tmp" "$bt_root" 2>/dev/null || rm -rf -- "$bt_tmp"  # a session unpacked it first
     fi
     bt_img=$bt_root
-  fi"""
+  fi
+  if [ -n "${HOME:-}" ] && [ "$HOME" != / ] && [ -d "$HOME" ]; then bt_ch+=(-b "$HOME:$HOME"); fi"""
 """Choose how ch-run shows the image (``bt_img``: the node's squashfs; ``bt_root``: where to unpack it).
 
 Bind targets the image lacks (/mnt/ckpts, /b10/workspace, a weights mount_location, the site's
@@ -455,7 +456,9 @@ ships 0.31) cannot create a mount point in a read-only image, so the squashfs is
 job and node into the job's node-local scratch (removed with it by the epilog) and run writable,
 as enroot does for pyxis. It is unpacked under a temporary name and renamed into place, so step 2
 and a ``slurm-bt ssh`` session starting at the same time never see (or remove) each other's
-half-unpacked tree. ch-run 0.31 binds no home directory by default (``--home`` would).
+half-unpacked tree. The home directory is bound at its own path, first (the job dir is usually in
+it), as apptainer does by default: tools that write to ``$HOME`` work as under the other runtimes;
+ch-run's own ``--home`` would show it at /home/$USER instead.
 ``--private-tmp``: the job's /tmp is its own (as in a Baseten container), and a bind target under /tmp
 (``load_checkpoint_config.download_folder`` defaults to /tmp/loaded_checkpoints) can be created there:
 ch-run cannot create one inside the host's /tmp that it binds otherwise.

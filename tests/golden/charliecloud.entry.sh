@@ -32,6 +32,7 @@ if [ "${1:-}" != --in-container ]; then
     fi
     bt_img=$bt_root
   fi
+  if [ -n "${HOME:-}" ] && [ "$HOME" != / ] && [ -d "$HOME" ]; then bt_ch+=(-b "$HOME:$HOME"); fi
   bt_ch+=(-b /home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd:/home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd -b /home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd/src:/b10/workspace -b /dev/shm/slurm-bt-1001:/dev/shm/slurm-bt-1001 -b /local/"${SLURMD_NODENAME}"/scratch:/local/"${SLURMD_NODENAME}"/scratch -b /local/"${SLURMD_NODENAME}"/scratch/"${SLURM_JOB_ID}"/mnt/checkpoints:/mnt/ckpts -b /local/"${SLURMD_NODENAME}"/scratch/"${SLURM_JOB_ID}"/mnt/loaded_checkpoints:/tmp/loaded_checkpoints -b /var/lib/slurm-bt-dev/shared/cache:/var/lib/slurm-bt-dev/shared/cache -b /local/"${SLURMD_NODENAME}"/scratch/"${SLURM_JOB_ID}"/mnt/cache:/root/.cache -b /local/"${SLURMD_NODENAME}"/weights/jobs/"${SLURM_JOB_ID}"/w0:/app/models/qwen -c /b10/workspace "$bt_img")
   exec "${bt_ch[@]}" -- /bin/bash /home/alice/.slurm-bt/projects/p/jobs/20260101T000000Z-0123abcd/node_entry.sh --in-container
 fi

@@ -51,6 +51,7 @@ for root, _, names in os.walk("/app/models/m"):
         p = os.path.join(root, n)
         files[os.path.relpath(p, "/app/models/m")] = hashlib.sha256(open(p, "rb").read()).hexdigest()
 out["weights"] = files
+out["home_ok"] = os.path.isdir(os.environ["HOME"]) and os.access(os.environ["HOME"], os.W_OK)
 out["secret_ok"] = os.environ.get("MY_SECRET") == "s3cr3t-" + os.environ.get("MY_VAR", "")[:5]
 try:
     open("/app/models/m/written-by-job", "w").write("x")
@@ -148,6 +149,7 @@ def test_two_node_job_runs_inside_the_pinned_image(users: dict[str, object], ch_
         assert env["MASTER_ADDR"] and env["MASTER_PORT"] and env["MY_VAR"] == "hello image"
         assert env["BT_CHECKPOINT_DIR"] == "/mnt/ckpts" and env["BT_WEIGHTS_0"] == "/app/models/m"
         assert p["weights"] == want
+        assert p["home_ok"] is True, "$HOME is not there inside the image"
         assert p["secret_ok"] is True, "the secret did not reach the start commands inside the image"
         assert p["weights_writable"] in ("Read-only file system", "Permission denied"), p
         assert p["ckpt_written"] == "saved"
