@@ -30,6 +30,10 @@ bubblewrap argv (:func:`slurm_bt.weights.job_view.bwrap_argv`) to the job's priv
 snapshot path (read-only by permissions, not at ``mount_location``) and the log says so.
 Every job also gets ``BT_WEIGHTS_<i>`` = where source ``i`` is visible.
 
+A container job's image is one more entry of the same kind (docs/containers.md): the prolog stages
+``<job_dir>/image/manifest.json`` with :func:`stage_image_for_job` (same tiers, authorization, leases
+and node stager) and links ``jobs/<job_id>/img``; step 1 waits for it with :func:`prepare_job_image`.
+
 Multi-node jobs: every node stages the same pinned manifests (they come from the job dir, written
 once by the staging job); with ``PrologFlags=DeferBatch`` the batch step starts only after every
 node's prolog, and in the fallback step 2 starts only after step 1 succeeded on every node.
