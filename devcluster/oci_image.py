@@ -91,6 +91,13 @@ def _ldd_closure(binaries: list[str]) -> set[str]:
     return libs
 
 
+def _host_python() -> str:
+    """``pythonX.Y`` of /usr/bin/python3 (the interpreter the image gets)."""
+    out = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(f'python{sys.version_info[0]}."
+                          "{sys.version_info[1]}')"], capture_output=True, text=True, check=True, timeout=30)
+    return out.stdout.strip()
+
+
 def build_rootfs(root: Path, *, with_python: bool = True) -> None:
     """Assemble the minimal root filesystem in ``root`` (must not exist) from the host's files."""
     root.mkdir(parents=True)
@@ -110,7 +117,7 @@ def build_rootfs(root: Path, *, with_python: bool = True) -> None:
     if with_python:
         os.symlink(os.path.basename(os.path.realpath("/usr/bin/python3")), root / "usr/bin/python3")
         os.symlink("python3", root / "usr/bin/python")
-        ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        ver = _host_python()  # the copied binary's stdlib, whichever interpreter runs this builder
         std = Path("/usr/lib") / ver
         for dirpath, dirnames, filenames in os.walk(std):
             rel = os.path.relpath(dirpath, std)
@@ -148,7 +155,9 @@ def base_layout(cache_root: Path = CACHE_ROOT) -> Path:
     Built once per host python version; a half-built one (killed builder) is never used, because the
     layout is built under a temp name and renamed into place.
     """
-    key = hashlib.sha256(f"{sys.version}|{sorted(BASE_TOOLS)}|v2".encode()).hexdigest()[:16]
+    host = os.stat(os.path.realpath("/usr/bin/python3"))
+    key = hashlib.sha256(f"{_host_python()}|{host.st_size}|{host.st_mtime_ns}|{sorted(BASE_TOOLS)}|v3".encode()
+                         ).hexdigest()[:16]
     final = cache_root / f"base-{key}"
     if (final / "index.json").is_file():
         return final
