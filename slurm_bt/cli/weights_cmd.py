@@ -133,8 +133,21 @@ def register_weights_commands(group: click.Group) -> None:
     @click.option("--shared", is_flag=True, help="Fill the admin-curated shared tier (root only).")
     def warm_command(source: str, allow: tuple[str, ...], ignore: tuple[str, ...], secret: str | None,
                      team: str | None, shared: bool) -> None:
-        """Pin SOURCE and mirror it into the cluster cache now, with verification."""
+        """Pin SOURCE and mirror it into the cluster cache now, with verification.
+
+        SOURCE is a weights source, or ``docker://IMAGE`` for a public container image (docs/containers.md).
+        """
         with handle_errors("slurm-bt cache"):
+            if source.startswith("docker://"):
+                from slurm_bt.images.warm import warm_image
+                from slurm_bt.secrets_store import SecretStore
+                from slurm_bt.site.settings import user_path
+                from slurm_bt.weights.plan import team_for_user
+
+                site = _site()
+                click.echo(warm_image(source.removeprefix("docker://"), team=team or team_for_user(), shared=shared,
+                                      site=site, store=SecretStore(Path(user_path(site.storage.secrets)))))
+                return
             click.echo(warm_source(source, allow=allow or None, ignore=ignore or None, secret=secret, team=team,
                                    shared=shared))
 

@@ -38,12 +38,16 @@ from slurm_bt.images.skopeo import SkopeoFailure, registry_access, run_skopeo
 from slurm_bt.weights.locks import LockOptions
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from slurm_bt.images.entry import ImagePlan
-    from slurm_bt.job_spec import JobSpec
+    from slurm_bt.job_spec import DockerAuthSpec, ImagePin, JobSpec
     from slurm_bt.secrets_store import SecretStore
+    from slurm_bt.site.settings import ContainerSettings
+    from slurm_bt.weights.cluster_cache import ClusterCache
     from slurm_bt.weights.manifest import Manifest
 
-__all__ = ["CH_RUN_DIRS", "CH_RUN_FILES", "ImageOutcome", "mirror_image"]
+__all__ = ["CH_RUN_DIRS", "CH_RUN_FILES", "ImageOutcome", "mirror_image", "mirror_into"]
 
 # Mount points ch-run binds over; a read-only squashfs cannot grow them at run time.
 CH_RUN_DIRS = ("dev", "proc", "sys", "tmp", "home", "mnt", "run", "var/tmp", "root")
@@ -169,10 +173,6 @@ def mirror_image(
         StorageError: a tool or the cluster cache failed (nothing published).
         CacheLockTimeout: another stager held the image's lock past the timeout.
     """
-    from slurm_bt.images.credentials import registry_login
-    from slurm_bt.storage.checksums import sha256_fd
-    from slurm_bt.weights.cache_layout import open_regular, publish_blob_file
-    from slurm_bt.weights.manifest import ManifestFile
     from slurm_bt.weights.plan import cluster_tiers
     from slurm_bt.weights.stage_job import ensure_team_root
 
@@ -194,19 +194,39 @@ def mirror_image(
     with contextlib.suppress(OSError):
         for p in team_tier.gc_temp():
             print(f"slurm-bt staging: removed {p} (its writer is dead)", file=out, flush=True)
-    cap = plan.containers.max_image_bytes
+    outcome = mirror_into(team_tier, pin, spec.docker_auth, plan.containers, store,
+                          lookup=lambda: cached_image(pin, base, team), out=out, lock_timeout_s=lock_timeout_s)
+    write_job_image_manifest(job_dir, outcome.manifest)
+    return outcome
+
+
+def mirror_into(
+    target: ClusterCache, pin: ImagePin, auth: DockerAuthSpec | None, containers: ContainerSettings,
+    store: SecretStore, *, lookup: Callable[[], tuple[Manifest, str] | None], out: IO[str] = sys.stdout,
+    lock_timeout_s: float = _LOCK_TIMEOUT_S,
+) -> ImageOutcome:
+    """Pull, convert and publish ``pin`` into ``target`` under its ``image-<hex>`` lock (the staging
+    job's team tier; ``slurm-bt cache warm --shared``'s shared tier). ``lookup`` finds a trusted
+    complete entry (a hit after waiting for another stager's lock)."""
+    from slurm_bt.images.credentials import registry_login
+    from slurm_bt.storage.checksums import sha256_fd
+    from slurm_bt.weights.cache_layout import open_regular, publish_blob_file
+    from slurm_bt.weights.manifest import ManifestFile
+
+    t0 = time.monotonic()
+    team_tier = target
+    cap = containers.max_image_bytes
     hexd = digest_hex(pin.digest)
     with team_tier.lock(f"image-{hexd}", LockOptions(timeout_s=lock_timeout_s, log_every_s=30.0)):
-        hit = cached_image(pin, base, team)  # the holder we waited for published it
+        hit = lookup()  # the holder we waited for published it
         if hit is not None:
-            write_job_image_manifest(job_dir, hit[0])
             return ImageOutcome(pin.reference, "cluster-hit", hit[0].total_bytes, time.monotonic() - t0, hit[0])
-        login = registry_login(spec.docker_auth, store) if spec.docker_auth is not None else None
+        login = registry_login(auth, store) if auth is not None else None
         registry = pin.resolved.split("/", 1)[0]
         with team_tier.writer_dir() as wdir:
             layout, bundle, sqfs = wdir / "oci", wdir / "bundle", wdir / IMAGE_FILE
             try:
-                with registry_access(registry, login, plan.containers.ca_bundle) as access:
+                with registry_access(registry, login, containers.ca_bundle) as access:
                     raw = run_skopeo(["inspect", "--raw", "--retry-times", "2", *access.args(),
                                       f"docker://{pin.resolved}"], access, timeout_s=300, max_stdout=4 << 20)
                     size = _compressed_size(raw)
@@ -254,5 +274,4 @@ def mirror_image(
             team_tier.add_manifest(m)
         with contextlib.suppress(OSError):  # a teammate's record may sit there (sticky dir): theirs stays
             team_tier.write_pin(image_pin_key(pin.digest), m)
-    write_job_image_manifest(job_dir, m)
     return ImageOutcome(pin.reference, "miss", m.total_bytes, time.monotonic() - t0, m)

@@ -25,12 +25,13 @@ from slurm_bt.images.skopeo import RegistryAccess, SkopeoFailure, registry_acces
 from slurm_bt.job_spec import ImagePin
 
 if TYPE_CHECKING:
-    from slurm_bt.job_spec import JobSpec
+    from slurm_bt.job_spec import DockerAuthSpec, JobSpec
     from slurm_bt.secrets_store import SecretStore
     from slurm_bt.site.settings import ContainerSettings, SiteSettings
     from slurm_bt.weights.manifest import Manifest
 
-__all__ = ["INDEX_TYPES", "MANIFEST_TYPES", "cached_image", "pin_image", "resolve_reference", "select_platform"]
+__all__ = ["INDEX_TYPES", "MANIFEST_TYPES", "cached_image", "pin_image", "pin_reference", "resolve_reference",
+           "select_platform"]
 
 INDEX_TYPES = frozenset({"application/vnd.oci.image.index.v1+json",
                          "application/vnd.docker.distribution.manifest.list.v2+json"})
@@ -100,7 +101,15 @@ def _load(raw: bytes, what: str) -> dict[str, object]:
 
 
 def pin_image(spec: JobSpec, site: SiteSettings, store: SecretStore, *, timeout_s: float = 120.0) -> ImagePin:
-    """Pin ``spec.image`` for the nodes' platform, with the image's DockerAuth credentials.
+    """Pin ``spec.image`` for the nodes' platform, with the image's DockerAuth credentials
+    (:func:`pin_reference` with the spec's image, DockerAuth and config file)."""
+    return pin_reference(spec.image, spec.docker_auth, site, store, source=spec.context.source,
+                         timeout_s=timeout_s)
+
+
+def pin_reference(image: str, auth: DockerAuthSpec | None, site: SiteSettings, store: SecretStore, *,
+                  source: str, timeout_s: float = 120.0) -> ImagePin:
+    """Pin ``image`` for the nodes' platform; ``source`` prefixes every error line (the config file).
 
     Raises:
         ConfigError: exit 2, unknown image/tag, refused credentials, no manifest for the platform.
@@ -108,10 +117,9 @@ def pin_image(spec: JobSpec, site: SiteSettings, store: SecretStore, *, timeout_
         SourceUnavailableError: exit 1, the registry could not be reached.
         SourceError: exit 1, the registry answered with something that is not a usable manifest.
     """
-    source = spec.context.source
-    ref = resolve_reference(spec.image, site.containers, source)
-    login = registry_login(spec.docker_auth, store) if spec.docker_auth is not None else None
-    shown = f"{spec.image} (pulled as {ref})" if str(ref) != spec.image else spec.image
+    ref = resolve_reference(image, site.containers, source)
+    login = registry_login(auth, store) if auth is not None else None
+    shown = f"{image} (pulled as {ref})" if str(ref) != image else image
     try:
         with registry_access(ref.registry, login, site.containers.ca_bundle) as access:
             raw = _inspect(str(ref), access, timeout_s)
@@ -132,19 +140,18 @@ def pin_image(spec: JobSpec, site: SiteSettings, store: SecretStore, *, timeout_
             if actual != digest:  # the manifest bytes must be what the pin names
                 raise SourceError(str(ref), f"the registry served a manifest whose digest is {actual}, not {digest}")
     except SkopeoFailure as exc:
-        raise _failure(exc, spec, shown, ref) from None
-    return ImagePin(reference=spec.image, resolved=f"{ref.name}@{digest}", digest=digest,
+        raise _failure(exc, auth, source, shown, ref) from None
+    return ImagePin(reference=image, resolved=f"{ref.name}@{digest}", digest=digest,
                     private=login is not None)
 
 
-def _failure(exc: SkopeoFailure, spec: JobSpec, shown: str, ref: ImageRef) -> Exception:
-    source = spec.context.source
+def _failure(exc: SkopeoFailure, auth: DockerAuthSpec | None, source: str, shown: str, ref: ImageRef) -> Exception:
     if exc.kind == "not_found":
         return ConfigError(source, [Problem(_LOC, f"{shown}: no such image or tag in registry {ref.registry} "
                                                   f"({exc})")])
     if exc.kind == "auth":
-        if spec.docker_auth is not None:
-            return ConfigError(source, [Problem(auth_field(spec.docker_auth),
+        if auth is not None:
+            return ConfigError(source, [Problem(auth_field(auth),
                                                 f"registry {ref.registry} refused these credentials for {shown} "
                                                 f"({exc}); check the secret's value")])
         return ConfigError(source, [Problem(_LOC, f"{shown}: registry {ref.registry} requires credentials "

@@ -97,3 +97,28 @@ def test_dry_run_shows_the_pin(env: dict[str, str], oci_registries: OciRegistrie
                            site=load_site_settings(environ=env), environ=env)
     assert result.spec.image_pin is not None and result.spec.image_pin.digest == digest
     assert slurm.calls_to("sbatch") == []
+
+
+def test_cache_warm_shared_makes_every_teams_submission_skip_staging(env: dict[str, str],
+                                                                      oci_registries: OciRegistries,
+                                                                      tmp_path: Path) -> None:
+    """An admin warms a public image into the shared tier; a job then needs no staging job for it."""
+    from click.testing import CliRunner
+
+    from slurm_bt.cli.main import cli
+
+    tag = uuid.uuid4().hex[:8]
+    digest = oci_registries.push("library/pytest-warm", tag, {})
+    run = CliRunner().invoke(cli, ["cache", "warm", "--shared", f"docker://pytest-warm:{tag}"], env=env)
+    assert run.exit_code == 0, run.output
+    assert f"@{digest}" in run.output and "mirrored into the cluster cache" in run.output
+    again = CliRunner().invoke(cli, ["cache", "warm", "--shared", f"docker://pytest-warm:{tag}"], env=env)
+    assert "already in the cluster cache" in again.output
+    slurm = FakeSlurm()
+    result = submit_config(_project(tmp_path, f"pytest-warm:{tag}"), runner=slurm,
+                           site=load_site_settings(environ=env), environ=env)
+    assert result.staging_job_id is None and len(slurm.calls_to("sbatch")) == 1
+    m = json.loads(job_image_manifest_path(result.spec.context.job_dir).read_text())
+    assert m["revision"] == digest
+    ls = CliRunner().invoke(cli, ["cache", "ls"], env=env)
+    assert f"image {oci_registries.public.host}/library/pytest-warm@{digest}" in ls.output
