@@ -66,6 +66,7 @@ __all__ = [
     "NodeFault",
     "Problem",
     "PrologRefusedError",
+    "RegistryToolError",
     "RemoteError",
     "RuntimeFailure",
     "SecretError",
@@ -387,6 +388,19 @@ class RemoteError(RuntimeFailure, ConnectionError):
 
 class HostKeyError(RemoteError):
     """The login node's host key is unknown (or differs from known_hosts); nothing was sent."""
+
+
+class RegistryToolError(RuntimeFailure):
+    """A registry tool (skopeo) failed.
+
+    ``kind`` is ``auth``, ``not_found``, ``integrity``, ``timeout`` or ``unreachable``, classified from
+    the tool's stderr (slurm_bt/images/skopeo.py); images/pin.py and images/mirror.py turn it into the
+    error of the config field it concerns (exit 2 for the user's reference or credentials, else 1).
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(message)
 
 
 class MissingExtraError(StorageError):

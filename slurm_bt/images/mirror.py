@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from slurm_bt.errors import SourceError, StorageError
+from slurm_bt.errors import RegistryToolError, SourceError, StorageError
 from slurm_bt.images.entry import IMAGE_FILE, digest_hex, image_manifest, image_pin_key, write_job_image_manifest
 from slurm_bt.images.pin import cached_image
-from slurm_bt.images.skopeo import SkopeoFailure, registry_access, run_skopeo
+from slurm_bt.images.skopeo import registry_access, run_skopeo
 from slurm_bt.weights.locks import LockOptions
 
 if TYPE_CHECKING:
@@ -243,7 +243,7 @@ def mirror_into(
                     run_skopeo(["copy", "--quiet", "--retry-times", "2", *access.args(src=True),
                                 f"docker://{pin.resolved}", f"oci:{layout}:img"], access,
                                timeout_s=_TOOL_TIMEOUT_S)
-            except SkopeoFailure as exc:
+            except RegistryToolError as exc:
                 if exc.kind == "integrity":
                     raise SourceError(pin.resolved, f"refused: a blob did not match its digest ({exc}); "
                                                     "nothing was published") from None

@@ -17,11 +17,11 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from slurm_bt.errors import ConfigError, Problem, SourceError, SourceUnavailableError
+from slurm_bt.errors import ConfigError, Problem, RegistryToolError, SourceError, SourceUnavailableError
 from slurm_bt.images.credentials import auth_field, registry_login
 from slurm_bt.images.entry import image_pin_key
 from slurm_bt.images.reference import ImageRef, parse_reference
-from slurm_bt.images.skopeo import RegistryAccess, SkopeoFailure, registry_access, run_skopeo
+from slurm_bt.images.skopeo import RegistryAccess, registry_access, run_skopeo
 from slurm_bt.job_spec import ImagePin
 
 if TYPE_CHECKING:
@@ -139,13 +139,13 @@ def pin_reference(image: str, auth: DockerAuthSpec | None, site: SiteSettings, s
             actual = "sha256:" + hashlib.sha256(raw).hexdigest()
             if actual != digest:  # the manifest bytes must be what the pin names
                 raise SourceError(str(ref), f"the registry served a manifest whose digest is {actual}, not {digest}")
-    except SkopeoFailure as exc:
+    except RegistryToolError as exc:
         raise _failure(exc, auth, source, shown, ref) from None
     return ImagePin(reference=image, resolved=f"{ref.name}@{digest}", digest=digest,
                     private=login is not None)
 
 
-def _failure(exc: SkopeoFailure, auth: DockerAuthSpec | None, source: str, shown: str, ref: ImageRef) -> Exception:
+def _failure(exc: RegistryToolError, auth: DockerAuthSpec | None, source: str, shown: str, ref: ImageRef) -> Exception:
     if exc.kind == "not_found":
         return ConfigError(source, [Problem(_LOC, f"{shown}: no such image or tag in registry {ref.registry} "
                                                   f"({exc})")])

@@ -28,7 +28,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RegistryAccess", "SkopeoFailure", "registry_access", "run_skopeo"]
+from slurm_bt.errors import RegistryToolError
+
+__all__ = ["RegistryAccess", "registry_access", "run_skopeo"]
 
 SKOPEO = "/usr/bin/skopeo"
 _KIND_RULES = (
@@ -71,14 +73,6 @@ class RegistryAccess:
     def env(self) -> dict[str, str]:
         return {"PATH": "/usr/bin:/bin", "HOME": str(self.tmp), "XDG_RUNTIME_DIR": str(self.tmp),
                 "LANG": "C.UTF-8", "TMPDIR": str(self.tmp)}
-
-
-class SkopeoFailure(Exception):
-    """skopeo failed: ``kind`` is auth, not_found, integrity, timeout or unreachable (anything else)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        self.kind = kind
-        super().__init__(message)
 
 
 @contextlib.contextmanager
@@ -149,7 +143,7 @@ def run_skopeo(argv: Sequence[str], access: RegistryAccess, *, timeout_s: float,
     """Run ``skopeo <argv>`` (the global ``--policy`` added); stdout, capped at ``max_stdout``.
 
     Raises:
-        SkopeoFailure: non-zero exit (classified), over time, or too much output.
+        RegistryToolError: non-zero exit (classified), over time, or too much output.
     """
     full = [SKOPEO, "--policy", str(access.policy), *argv]
     with tempfile.TemporaryFile(dir=access.tmp) as out, tempfile.TemporaryFile(dir=access.tmp) as err:
@@ -161,7 +155,7 @@ def run_skopeo(argv: Sequence[str], access: RegistryAccess, *, timeout_s: float,
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise SkopeoFailure("timeout", f"skopeo {argv[0]} did not finish within {timeout_s:.0f}s") from None
+            raise RegistryToolError("timeout", f"skopeo {argv[0]} did not finish within {timeout_s:.0f}s") from None
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -173,8 +167,8 @@ def run_skopeo(argv: Sequence[str], access: RegistryAccess, *, timeout_s: float,
             # the last line is skopeo's summary; strip its "time=... level=fatal msg=" prefix
             last = msg.splitlines()[-1] if msg else f"exit {rc}"
             last = last.split('msg="', 1)[-1].rstrip('"')
-            raise SkopeoFailure(classify(msg), last[:600])
+            raise RegistryToolError(classify(msg), last[:600])
         if os.fstat(out.fileno()).st_size > max_stdout:
-            raise SkopeoFailure("integrity", f"skopeo {argv[0]} printed more than {max_stdout} bytes")
+            raise RegistryToolError("integrity", f"skopeo {argv[0]} printed more than {max_stdout} bytes")
         out.seek(0)
         return out.read()
