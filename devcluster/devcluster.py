@@ -936,6 +936,54 @@ def ensure_fuse() -> None:
         step("fuse: /dev/fuse made 0666 (users mount squashfs images)")
 
 
+# ------------------------------------------------------------------------------- the dev site file
+# The dev cluster runs jobs inside their image, as a real site with a container runtime does: `up`
+# writes /etc/slurm-bt/site.toml with `container_runtime = "charliecloud"` (every other setting is
+# slurm-bt's default, which describes this dev cluster). It never overwrites a file it did not write
+# (the marker line); without ch-run, the example image or a usable /dev/fuse it writes "none" and says
+# why. The test suite names its own site file (tests/conftest.py): tests choose their runtime.
+
+SITE_FILE = Path("/etc/slurm-bt/site.toml")
+
+
+def _public_registry():  # the oci_image.Registry that serves the example image
+    return _oci_image().Registry(REGISTRY_DIR / "public", REGISTRY_PORTS["public"], ca_dir=REGISTRY_DIR / "tls")
+SITE_MARKER = "# managed by devcluster/devcluster.py: delete this line to keep your own edits"
+
+
+def ensure_site_file() -> None:
+    if SITE_FILE.exists() and not SITE_FILE.read_text(errors="replace").startswith(SITE_MARKER):
+        step(f"site: {SITE_FILE} is the admin's (no marker line): left as it is")
+        return
+    why = []
+    if not shutil.which("ch-run"):
+        why.append("ch-run is not installed")
+    if not Path("/dev/fuse").exists() or Path("/dev/fuse").stat().st_mode & 0o666 != 0o666:
+        why.append("/dev/fuse is not 0666")
+    if not why:
+        try:
+            served = REGISTRIES["public"].pid() is not None and all(
+                _oci_image().has_tag(_public_registry(), repo, tag) for repo, tag in EXAMPLE_IMAGES)
+        except (OSError, subprocess.SubprocessError):
+            served = False
+        if not served:
+            why.append("the dev registry does not serve the example image")
+    runtime = "none" if why else "charliecloud"
+    text = (f"{SITE_MARKER}\n"
+            "# The dev cluster's site file (docs/site-config.md); anything not set here is slurm-bt's default.\n"
+            + (f"# container_runtime is none because {', '.join(why)}.\n" if why else
+               "# Jobs run inside their pinned image with Charliecloud (docs/containers.md).\n")
+            + f'container_runtime = "{runtime}"\n')
+    mkdir(SITE_FILE.parent, 0o755)
+    if SITE_FILE.exists() and SITE_FILE.read_text(errors="replace") == text:
+        return
+    tmp = SITE_FILE.with_name(f".site.toml.{os.getpid()}")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, SITE_FILE)
+    step(f"site: {SITE_FILE}: container_runtime = {runtime}" + (f" ({', '.join(why)})" if why else ""))
+
+
 def cmd_up() -> int:
     t0 = time.monotonic()
     ensure_packages()
@@ -958,6 +1006,7 @@ def cmd_up() -> int:
     write_cluster_json(rel)
     ensure_registry()
     ensure_fuse()
+    ensure_site_file()
     step(f"up: cluster {CLUSTER} (Slurm {rel.text}) ready in {time.monotonic() - t0:.1f}s (state {STATE})")
     return 0
 

@@ -24,6 +24,35 @@ DEVCLUSTER = REPO / "devcluster" / "devcluster.py"
 STATE = Path(os.environ.get("BT_DEVCLUSTER_DIR", "/var/lib/slurm-bt-dev"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def host_runtime_site() -> Iterator[Path | None]:
+    """The suite's jobs run on the host unless a test names a container runtime in its own site file.
+
+    The dev cluster's /etc/slurm-bt/site.toml says ``container_runtime = "charliecloud"`` (the quick
+    start runs in its image); the container tests (test_images_*.py) write their own site files, so
+    every other test states the host runtime here instead of inheriting the cluster's. The file must
+    be readable by the test users (their bt-sbatch reads it through ``runuser``, which keeps the
+    environment). A site file already named by the caller is left alone.
+    """
+    if os.environ.get("SLURM_BT_SITE_CONFIG"):
+        yield None
+        return
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="bt-test-site-", dir="/var/tmp"))  # pytest's tmp is 0700: users need it
+    folder.chmod(0o755)
+    path = folder / "site.toml"
+    path.write_text('# tests/conftest.py: the suite runs jobs on the host unless a test says otherwise\n'
+                    'container_runtime = "none"\n')
+    path.chmod(0o644)
+    os.environ["SLURM_BT_SITE_CONFIG"] = str(path)
+    try:
+        yield path
+    finally:
+        os.environ.pop("SLURM_BT_SITE_CONFIG", None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _sinfo_ok() -> bool:
     if shutil.which("sinfo") is None:
         return False
