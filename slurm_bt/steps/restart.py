@@ -42,7 +42,8 @@ from slurm_bt.errors import BtError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.jobs.restarts import RestartEntry, append_entry, decide, read_log
 from slurm_bt.slurm.client import SlurmClient
-from slurm_bt.slurm.jobctl import job_facts, requeue_job, set_requeueable, signal_steps
+from slurm_bt.slurm.jobctl import JobFacts, job_facts, requeue_job, set_requeueable, signal_steps
+from slurm_bt.slurm.release import slurm_release
 from slurm_bt.slurm.runner import SubprocessRunner
 
 __all__ = ["TRAIN_STEP", "main"]
@@ -78,6 +79,7 @@ def _begin(spec: JobSpec, client: SlurmClient, job_id: str) -> int:
              "says why)")
     if used > policy.max_restarts:
         _log(f"Slurm requeued the job again, but it has used its {policy.max_restarts} restart(s): failing it")
+        _no_requeue_on_failure(client, job_id)
         return 1
     if used >= policy.max_restarts and _failures(spec, job_id) >= policy.retry_on_failure:
         try:  # no restart left: a preemption now cancels the job, a node failure fails it
@@ -177,6 +179,7 @@ def _prepare_failed(spec: JobSpec, client: SlurmClient, job_id: str, rc: int) ->
     runs = _restart_count()
     used = runs - _failures(spec, job_id)
     if runs == 0 or used >= spec.restarts.max_restarts:
+        _no_requeue_on_failure(client, job_id)
         return rc or 1
     _log(f"step 1 failed on this restarted run (exit {rc}); the nodes, not the job, are the likely cause "
          "(Slurm can skip the prolog of a job requeued onto a node that still caches its credential): "
@@ -190,15 +193,61 @@ def _prepare_failed(spec: JobSpec, client: SlurmClient, job_id: str, rc: int) ->
         requeue_job(client, job_id)
     except BtError as exc:
         _log(f"requeue failed ({exc}): the job ends here")
+        _no_requeue_on_failure(client, job_id)
         return rc or 1
     time.sleep(600)  # slurmctld ends this run now
     return 0
 
 
+def _no_requeue_on_failure(client: SlurmClient, job_id: str) -> None:
+    """Before the batch script exits non-zero for good: make the job non-requeueable where Slurm
+    would otherwise hold it.
+
+    A job submitted with ``--requeue=expedite`` (slurm-bt asks for it from 25.11, docs/long-runs.md)
+    that exits non-zero while every epilog succeeds is requeued in ``REQUEUE_HOLD`` by Slurm (26.05:
+    "batch_requeue_fini: holding expedited requeue JobId=N as no epilogs failed"): a failed training
+    job would never end FAILED. ``Requeue=0`` before the exit keeps it FAILED (seen on the 26.05 dev
+    cluster; docs/slurm-releases.md). Older releases have no expedited requeue: nothing to do there.
+    """
+    release = slurm_release(client)
+    if release is not None and not release.at_least(25, 11):
+        return
+    try:
+        set_requeueable(client, job_id, False)
+    except BtError as exc:
+        _log(f"could not make the job non-requeueable ({exc}); Slurm may hold it (JobHeldUser) instead of "
+             "ending it FAILED: `scancel` it")
+
+
+def _slurm_requeues_preemption(client: SlurmClient) -> bool:
+    """Must a preempted run be left for Slurm to requeue (no ``scontrol requeue`` of our own)?
+
+    On 22.05 ``scontrol requeue`` of a running job requeues it at once, so the preemption then finds
+    it pending and the preemptor starts as soon as the checkpoint is saved. On 24.11 the requeue only
+    marks the job and takes effect when the run completes; the preemption's own requeue overtakes it
+    and the mark survives into the next run, which Slurm requeues once more when it COMPLETES
+    ("_job_complete: requeue JobId=N per user/system request" in slurmctld's log, a third run: seen on
+    the 24.11 dev cluster, tests/integration/test_long_runs.py, docs/slurm-releases.md). Every release
+    after 22.05 (and one scontrol cannot name) therefore waits for Slurm.
+    """
+    release = slurm_release(client)
+    return release is None or release.at_least(23, 2)
+
+
+def _wait_for_preemption(facts: JobFacts | None, policy_grace_s: int) -> None:
+    """Sleep until Slurm ends the preempted run (its ``EndTime`` is the end of ``GraceTime``)."""
+    left = facts.remaining_s(time.time()) if facts is not None else None
+    wait_s = policy_grace_s + 120.0 if left is None else min(max(left, 0.0) + 30.0, 3600.0)
+    _log(f"preempted: Slurm requeues this run at the end of the partition's GraceTime (within {int(wait_s)} s)")
+    time.sleep(wait_s)
+
+
 def _after(spec: JobSpec, client: SlurmClient, job_id: str, rc: int, stopped: bool) -> int:
     policy = spec.restarts
+    facts: JobFacts | None = None
     try:
-        preempted = job_facts(client, job_id).preempted
+        facts = job_facts(client, job_id)
+        preempted = facts.preempted
     except BtError as exc:
         _log(f"cannot ask slurmctld whether the job is being preempted ({exc}); assuming not")
         preempted = False
@@ -216,6 +265,8 @@ def _after(spec: JobSpec, client: SlurmClient, job_id: str, rc: int, stopped: bo
                          RestartEntry(run=runs, cause=decision.cause, exit=rc, at=round(time.time())))
         except OSError as exc:
             _log(f"cannot record the restart cause ({exc}); `slurm-bt status` shows Slurm's state instead")
+    if decision.action == "fail":
+        _no_requeue_on_failure(client, job_id)
     if decision.wait_for_slurm:
         # Slurm ends the run within the grace time (the time limit, or the preemption's GraceTime):
         # its state then reads TIMEOUT / PREEMPTED, which is what happened, instead of FAILED.
@@ -223,12 +274,16 @@ def _after(spec: JobSpec, client: SlurmClient, job_id: str, rc: int, stopped: bo
         time.sleep(policy.stop_grace_s + 120)
     if decision.action == "fail":
         return decision.exit
+    if decision.cause == "preempted" and _slurm_requeues_preemption(client):
+        _wait_for_preemption(facts, policy.stop_grace_s)
+        _log("Slurm has not ended the preempted run: requeueing it")
     try:
         if decision.cause == "failed":  # `begin` may have turned requeueing off at the restart cap
             set_requeueable(client, job_id, True)
         requeue_job(client, job_id)
     except BtError as exc:
         _log(f"requeue failed ({exc}): the job ends here")
+        _no_requeue_on_failure(client, job_id)
         return decision.exit or 1
     # slurmctld ends this run now (SIGTERM, then SIGKILL after KillWait): wait for it rather than let
     # the batch script exit first, which Slurm would record as this run's own ending.
@@ -255,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         if verb in ("begin", "watch"):
             return 0
         if verb in ("prepare-failed", "after") and rest and rest[0].isdigit():
+            if int(rest[0]) != 0 and job_id:
+                _no_requeue_on_failure(SlurmClient(SubprocessRunner(), timeout_s=30), job_id)
             return int(rest[0])
         return 1
     client = SlurmClient(SubprocessRunner(), timeout_s=30)
