@@ -35,6 +35,7 @@ import errno
 import os
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -61,6 +62,27 @@ _NODE_FAULT_ERRNOS = {errno.EROFS, errno.EIO, errno.ENODEV, errno.ESTALE, errno.
 WEIGHTS_RESERVE_S = 5.0
 """Seconds of the deadline kept back from node staging for the record and the runner's bookkeeping."""
 _MANIFEST_MAX = 64 << 20  # slurm_bt.weights.node_stage._MAX_MANIFEST (not imported: jobs without weights)
+
+
+
+def _read_as_job_user(ctx: HookContext, read: Callable[[], Any], what: str, *, max_result_bytes: int) -> Any:
+    """``read()`` in a child dropped to the job user, within the hook's budget; the result is untrusted.
+
+    Why as the user: the job's files are the user's, and root must not open user-named paths. A
+    failed privilege drop is the node's fault (NSS); anything else about the user's files fails the
+    job, never the node.
+    """
+    env = ctx.env
+    try:
+        return run_as_job_user(read, env, timeout_s=ctx.budget(ctx.settings.user_step_timeout_s),
+                               max_result_bytes=max_result_bytes)
+    except PrivilegeDropError as exc:
+        raise NodeFault(f"cannot become user {env.user} (uid {env.uid}): {exc}",
+                        "check NSS (passwd/group lookups) on this node") from None
+    except ChildTimeout:
+        raise HookUserError(f"reading {what} as {env.user} did not finish in time (slow home filesystem?)") from None
+    except ChildError as exc:
+        raise HookUserError(f"cannot read {what} as {env.user}: {exc}") from None
 
 
 def _root(ctx: HookContext, template: str) -> str:
@@ -162,16 +184,7 @@ def read_job_spec_as_user(ctx: HookContext) -> JobSpec:
         finally:
             os.close(fd)
 
-    try:
-        text = run_as_job_user(read, env, timeout_s=ctx.budget(ctx.settings.user_step_timeout_s),
-                               max_result_bytes=2 * limit + 4096)
-    except PrivilegeDropError as exc:
-        raise NodeFault(f"cannot become user {env.user} (uid {env.uid}): {exc}",
-                        "check NSS (passwd/group lookups) on this node") from None
-    except ChildTimeout:
-        raise HookUserError(f"reading {path} as {env.user} did not finish in time (slow home filesystem?)") from None
-    except ChildError as exc:
-        raise HookUserError(f"cannot read {path} as {env.user}: {exc}") from None
+    text = _read_as_job_user(ctx, read, str(path), max_result_bytes=2 * limit + 4096)
     if not isinstance(text, str) or len(text.encode()) > limit:
         raise HookUserError(f"{path} is not a readable job spec")
     try:
@@ -247,20 +260,10 @@ def _read_manifests_as_user(ctx: HookContext, spec: JobSpec) -> list[str]:
     """
     from slurm_bt.weights.node_stage import load_job_manifests
 
-    env = ctx.env
     job_dir, count = spec.context.job_dir, len(spec.weights)
-    try:
-        raw = run_as_job_user(lambda: load_job_manifests(job_dir, count), env,
-                              timeout_s=ctx.budget(ctx.settings.user_step_timeout_s),
-                              max_result_bytes=2 * _MANIFEST_MAX * count + 65536)
-    except PrivilegeDropError as exc:
-        raise NodeFault(f"cannot become user {env.user} (uid {env.uid}): {exc}",
-                        "check NSS (passwd/group lookups) on this node") from None
-    except ChildTimeout:
-        raise HookUserError(f"reading the weights manifests in {job_dir}/weights as {env.user} did not finish "
-                            "in time (slow home filesystem?)") from None
-    except ChildError as exc:
-        raise HookUserError(f"cannot read the weights manifests as {env.user}: {exc}") from None
+    raw = _read_as_job_user(ctx, lambda: load_job_manifests(job_dir, count),
+                            f"the weights manifests in {job_dir}/weights",
+                            max_result_bytes=2 * _MANIFEST_MAX * count + 65536)
     if not isinstance(raw, list) or len(raw) != count or not all(isinstance(r, str) for r in raw):
         raise HookUserError(f"{job_dir}/weights holds no readable manifests for this job's {count} weights sources")
     return raw
@@ -388,20 +391,9 @@ def _read_image_manifest_as_user(ctx: HookContext, spec: JobSpec) -> str:
     """``<job dir>/image/manifest.json``, read in a child dropped to the user (like the weights manifests)."""
     from slurm_bt.weights.node_stage import load_job_image_manifest
 
-    env = ctx.env
     job_dir = spec.context.job_dir
-    try:
-        raw = run_as_job_user(lambda: load_job_image_manifest(job_dir), env,
-                              timeout_s=ctx.budget(ctx.settings.user_step_timeout_s),
-                              max_result_bytes=2 * _MANIFEST_MAX + 65536)
-    except PrivilegeDropError as exc:
-        raise NodeFault(f"cannot become user {env.user} (uid {env.uid}): {exc}",
-                        "check NSS (passwd/group lookups) on this node") from None
-    except ChildTimeout:
-        raise HookUserError(f"reading the image manifest in {job_dir}/image as {env.user} did not finish in time "
-                            "(slow home filesystem?)") from None
-    except ChildError as exc:
-        raise HookUserError(f"cannot read the job's image manifest as {env.user}: {exc}") from None
+    raw = _read_as_job_user(ctx, lambda: load_job_image_manifest(job_dir), f"the image manifest in {job_dir}/image",
+                            max_result_bytes=2 * _MANIFEST_MAX + 65536)
     if not isinstance(raw, str):
         raise HookUserError(f"{job_dir}/image/manifest.json is not a readable image manifest")
     return raw

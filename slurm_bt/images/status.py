@@ -8,25 +8,12 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurm_bt.trusted_files import read_trusted_file
+
 if TYPE_CHECKING:
     from slurm_bt.records import SubmissionRecord
 
 __all__ = ["image_status"]
-
-
-def _read_own(path: Path, limit: int) -> bytes | None:
-    """A regular file of the caller's (no symlink, no FIFO), at most ``limit`` bytes, or None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > limit:
-            return None
-        return os.read(fd, limit)
-    finally:
-        os.close(fd)
 
 
 def image_status(record: SubmissionRecord | None) -> dict[str, Any] | None:
@@ -44,7 +31,7 @@ def image_status(record: SubmissionRecord | None) -> dict[str, Any] | None:
         return None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         return None
-    raw = _read_own(folder / "pin.json", 64 << 10)
+    raw = read_trusted_file(folder / "pin.json", max_bytes=64 << 10, owner_ok=lambda st: st.st_uid == os.getuid())
     if raw is None:
         return None
     # Imported here, not at the top: they load pydantic and ctypes, and `status` of jobs without an
