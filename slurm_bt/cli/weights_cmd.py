@@ -17,6 +17,7 @@ lists their team's cluster tier and the shared tier; the node tier is root-owned
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ from typing import Any
 import click
 
 from slurm_bt.cli.errors import handle_errors
-from slurm_bt.errors import Problem, UserError
+from slurm_bt.errors import Problem, StorageError, UserError
 from slurm_bt.images.entry import entry_label
 
 __all__ = ["register_weights_commands"]
@@ -207,7 +208,7 @@ def evict(manifest_ids: tuple[str, ...], *, dry_run: bool, node: str | None, max
 
     if node:
         nc = _node(node)
-        plan = nc.plan_eviction(max_bytes if max_bytes is not None else nc.max_bytes)
+        plan = nc.plan_eviction(max_bytes if max_bytes is not None else nc.cap_bytes())
         lines: list[str] = list(plan.describe())
         if not dry_run:
             res = nc.execute(plan)
@@ -231,16 +232,29 @@ def evict(manifest_ids: tuple[str, ...], *, dry_run: bool, node: str | None, max
     for mid in cache.layout.manifest_ids():
         if mid not in gone and (m := cache.layout.read_manifest(mid)) is not None:
             keep |= {f.sha256 for f in m.files}
+    failed: list[str] = []
     for e in chosen:
         m = cache.layout.read_manifest(e.manifest_id)
-        os.unlink(cache.layout.manifest_file(e.manifest_id))
-        remove_tree(cache.layout, cache.layout.snapshot(e.manifest_id))
+        try:
+            os.unlink(cache.layout.manifest_file(e.manifest_id))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # e.g. a teammate's entry in a sticky tier: left whole, as it was
+            failed.append(f"{e.manifest_id[:12]}: cannot remove its manifest: {exc.strerror}")
+            continue
+        # The manifest is gone (no reader trusts the entry now): whatever else fails below, the
+        # blobs go too, so a failed snapshot removal never strands gigabytes that nothing names.
+        try:
+            remove_tree(cache.layout, cache.layout.snapshot(e.manifest_id))
+        except StorageError as exc:
+            failed.append(f"{e.manifest_id[:12]}: {' '.join(exc.lines())}")
         for f in (m.files if m else ()):
             if f.sha256 not in keep:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(cache.layout.blob(f.sha256))
-                except FileNotFoundError:
-                    pass
                 keep.add(f.sha256)
+    lines += [f"{name}: removed pin record {p}" for p in cache.remove_pins(gone)]
+    if failed:
+        raise StorageError(str(cache.root), "evict left parts of entries: " + "; ".join(failed))
     lines.append(f"removed {len(chosen)} entries")
     return lines

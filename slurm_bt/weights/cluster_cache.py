@@ -38,7 +38,7 @@ from slurm_bt.errors import StorageError
 from slurm_bt.posix.safefs import remove_owned_tree
 from slurm_bt.storage.checksums import sha256_fd
 from slurm_bt.trusted_files import describe_owner as _describe
-from slurm_bt.trusted_files import is_team_dir
+from slurm_bt.trusted_files import is_team_dir, read_trusted_file
 from slurm_bt.weights.cache_layout import (
     CacheLayout,
     build_snapshot,
@@ -444,6 +444,33 @@ class ClusterCache:
 
     def _lock(self, name: str, options: LockOptions | None = None) -> contextlib.AbstractContextManager[None]:
         return optional_lock(self.layout.lock(name), options or self.lock_options)
+
+    def remove_pins(self, manifest_ids: set[str]) -> list[str]:
+        """Delete the pin records (``pins/*.json``) of this caller's that name one of ``manifest_ids``.
+
+        Evicting an entry leaves its pins pointing at nothing: harmless (``lookup_pin`` checks the
+        entry) but they would pile up. Only records the caller owns are read and removed: in a
+        sticky team tier a teammate's are theirs to remove. Returns the names removed.
+        """
+        folder = self.root / "pins"
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".json") and not n.startswith("."))
+        except OSError:
+            return []
+        removed = []
+        for name in names:
+            raw = read_trusted_file(folder / name, max_bytes=256 << 20, owner_ok=lambda st: st.st_uid == os.geteuid())
+            if raw is None:
+                continue
+            try:
+                mid = Manifest.model_validate_json(raw).manifest_id
+            except ValueError:
+                continue
+            if mid in manifest_ids:
+                with contextlib.suppress(OSError):
+                    os.unlink(folder / name)
+                    removed.append(name)
+        return removed
 
     # -- listing and housekeeping -----------------------------------------------------------------
 

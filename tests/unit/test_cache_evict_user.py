@@ -1,0 +1,61 @@
+"""``slurm-bt cache evict`` run by an ordinary user on an entry they published (not root).
+
+A published snapshot is sealed (0555 directories). Moving a directory to another parent rewrites
+its ``..``, which Linux allows only with write permission on the directory itself, so for anyone
+but root the move to the trash failed, after the manifest was already gone: the snapshot and its
+blobs stayed behind with nothing naming them. The pin records of the evicted entry go too.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from slurm_bt.weights.cluster_cache import ClusterCache
+from tests.unit.test_cache_support import DirFetcher, allow, make_manifest, random_bytes, write_origin
+from tests.unit.test_hooks_env import ensure_test_users
+from tests.unit.test_hooks_prolog import as_user
+
+
+@pytest.fixture()
+def user_dir() -> object:
+    if os.geteuid() != 0:
+        pytest.fail("needs root (to create the test users); the suite runs as root")
+    ensure_test_users()
+    pw = pwd.getpwnam("btu1")
+    d = Path(tempfile.mkdtemp(prefix="bt-evict-", dir="/var/tmp"))  # pytest's tmp is 0700 (root)
+    os.chown(d, pw.pw_uid, pw.pw_gid)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_user_evicts_own_sealed_entry_whole(user_dir: Path) -> None:
+    def evict_as_user() -> dict[str, object]:
+        from slurm_bt.cli import weights_cmd
+
+        files = {"config.json": b"{}", "model.safetensors": random_bytes(1 << 20, 7)}
+        write_origin(user_dir / "origin", files)
+        cache = ClusterCache(user_dir / "tier")
+        m = make_manifest(files, source="hf://org/evict-me")
+        cache.ensure(m, DirFetcher(user_dir / "origin"), authorize=allow)
+        cache.write_pin("hf-evict-me", m)
+        snap = cache.snapshot_path(m)
+        sealed = oct(os.stat(snap).st_mode & 0o777)
+        weights_cmd._tiers = lambda team: [("team:t", cache)]  # type: ignore[assignment]  # (forked child)
+        lines = weights_cmd.evict((m.manifest_id[:12],), dry_run=False, node=None, max_bytes=None,
+                                  older_than_days=None, team=None)
+        left = sorted(str(p.relative_to(cache.root)) for p in cache.root.rglob("*")
+                      if p.is_file() and ".locks" not in p.parts and p.name != "CACHEDIR.TAG")
+        return {"sealed": sealed, "lines": lines, "left": left, "snapshot": snap.exists()}
+
+    out = as_user("btu1", evict_as_user)
+    assert isinstance(out, dict)
+    assert out["sealed"] == "0o555"  # the case that failed: a read-only snapshot directory
+    assert out["lines"][-1] == "removed 1 entries", out["lines"]
+    assert any("removed pin record hf-evict-me.json" in line for line in out["lines"]), out["lines"]
+    assert out["snapshot"] is False and out["left"] == [], out["left"]
