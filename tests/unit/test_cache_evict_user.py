@@ -59,3 +59,25 @@ def test_user_evicts_own_sealed_entry_whole(user_dir: Path) -> None:
     assert out["lines"][-1] == "removed 1 entries", out["lines"]
     assert any("removed pin record hf-evict-me.json" in line for line in out["lines"]), out["lines"]
     assert out["snapshot"] is False and out["left"] == [], out["left"]
+
+
+def test_node_evict_without_a_target_keeps_what_fits_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cache evict --node N`` without ``--max-bytes`` evicts down to the node cache's cap: with the
+    default ``node_cache_max_bytes = 0`` that is 90% of the disk, not 0 bytes (which would drop every
+    lease-free entry of the node)."""
+    from slurm_bt.cli import weights_cmd
+    from slurm_bt.weights.node_cache import NodeCache
+
+    files = {"model.safetensors": random_bytes(1 << 20, 3)}
+    write_origin(tmp_path / "origin", files)
+    cluster = ClusterCache(tmp_path / "tier")
+    m = make_manifest(files, source="hf://org/keep-me")
+    cluster.ensure(m, DirFetcher(tmp_path / "origin"), authorize=allow)
+    node = NodeCache(tmp_path / "node", 0)
+    node.stage(m, [cluster], "1", authorize=allow)
+    node.release("1")
+    monkeypatch.setattr(weights_cmd, "_node", lambda name: node)
+    lines = weights_cmd.evict((), dry_run=False, node="n1", max_bytes=None, older_than_days=None, team=None)
+    assert node.is_ready(m), lines
+    weights_cmd.evict((), dry_run=False, node="n1", max_bytes=0, older_than_days=None, team=None)
+    assert not node.is_ready(m)
