@@ -42,7 +42,7 @@ from slurm_bt.errors import BtError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.jobs.restarts import RestartEntry, append_entry, decide, read_log
 from slurm_bt.slurm.client import SlurmClient
-from slurm_bt.slurm.jobctl import JobFacts, job_facts, requeue_job, set_requeueable, signal_steps
+from slurm_bt.slurm.jobctl import job_facts, requeue_job, set_requeueable, signal_steps
 from slurm_bt.slurm.release import slurm_release
 from slurm_bt.slurm.runner import SubprocessRunner
 
@@ -219,35 +219,10 @@ def _no_requeue_on_failure(client: SlurmClient, job_id: str) -> None:
              "ending it FAILED: `scancel` it")
 
 
-def _slurm_requeues_preemption(client: SlurmClient) -> bool:
-    """Must a preempted run be left for Slurm to requeue (no ``scontrol requeue`` of our own)?
-
-    On 22.05 ``scontrol requeue`` of a running job requeues it at once, so the preemption then finds
-    it pending and the preemptor starts as soon as the checkpoint is saved. On 24.11 the requeue only
-    marks the job and takes effect when the run completes; the preemption's own requeue overtakes it
-    and the mark survives into the next run, which Slurm requeues once more when it COMPLETES
-    ("_job_complete: requeue JobId=N per user/system request" in slurmctld's log, a third run: seen on
-    the 24.11 dev cluster, tests/integration/test_long_runs.py, docs/slurm-releases.md). Every release
-    after 22.05 (and one scontrol cannot name) therefore waits for Slurm.
-    """
-    release = slurm_release(client)
-    return release is None or release.at_least(23, 2)
-
-
-def _wait_for_preemption(facts: JobFacts | None, policy_grace_s: int) -> None:
-    """Sleep until Slurm ends the preempted run (its ``EndTime`` is the end of ``GraceTime``)."""
-    left = facts.remaining_s(time.time()) if facts is not None else None
-    wait_s = policy_grace_s + 120.0 if left is None else min(max(left, 0.0) + 30.0, 3600.0)
-    _log(f"preempted: Slurm requeues this run at the end of the partition's GraceTime (within {int(wait_s)} s)")
-    time.sleep(wait_s)
-
-
 def _after(spec: JobSpec, client: SlurmClient, job_id: str, rc: int, stopped: bool) -> int:
     policy = spec.restarts
-    facts: JobFacts | None = None
     try:
-        facts = job_facts(client, job_id)
-        preempted = facts.preempted
+        preempted = job_facts(client, job_id).preempted
     except BtError as exc:
         _log(f"cannot ask slurmctld whether the job is being preempted ({exc}); assuming not")
         preempted = False
@@ -274,9 +249,6 @@ def _after(spec: JobSpec, client: SlurmClient, job_id: str, rc: int, stopped: bo
         time.sleep(policy.stop_grace_s + 120)
     if decision.action == "fail":
         return decision.exit
-    if decision.cause == "preempted" and _slurm_requeues_preemption(client):
-        _wait_for_preemption(facts, policy.stop_grace_s)
-        _log("Slurm has not ended the preempted run: requeueing it")
     try:
         if decision.cause == "failed":  # `begin` may have turned requeueing off at the restart cap
             set_requeueable(client, job_id, True)
