@@ -127,7 +127,11 @@ def test_preemption_saves_requeues_and_resumes(users: dict[str, object]) -> None
     finally:
         subprocess.run(["scancel", urgent], check=False)
     assert record["current_status"] == "TRAINING_JOB_COMPLETED", (record, logs[-3000:])
-    assert record["restarts"] == 1 and record["runs"][0]["cause"] == "preempted", record
+    # Slurm 24.11 requeues a once-preempted job again when its next run completes (its state reads
+    # PREEMPTED; docs/slurm-releases.md): one more short run, from the final checkpoint. Other releases
+    # run it exactly twice.
+    stale = 1 if str(users["slurm_version"]) == "24.11" and record["restarts"] == 2 else 0
+    assert record["restarts"] == 1 + stale and record["runs"][0]["cause"] == "preempted", record
     assert re.search(r"rank 0/1 resumed from step ([1-9]\d*)", logs), logs[-3000:]
     assert _final(logs) == _uninterrupted(steps)
 
