@@ -138,7 +138,14 @@ def append_entry(job_dir: str | os.PathLike[str], job_id: str, entry: RestartEnt
 
 
 def cause_of_run(run: int, state: str, log: Sequence[RestartEntry]) -> str:
-    """Why earlier run ``run`` ended: the log's word for it, else what its sacct state says."""
+    """Why earlier run ``run`` ended: the log's word for it, else what its sacct state says.
+
+    Slurm's ``NODE_FAIL`` wins over a logged ``failed``: when a node goes down, the batch script on a
+    surviving batch host can see the start commands' step fail and log "failed" before Slurm requeues
+    the run for the node failure (seen on the 24.11 dev cluster, tests/integration/test_long_runs.py).
+    """
+    if state == "NODE_FAIL" and any(e.run == run and e.cause == "failed" for e in log):
+        return "node failure"
     for entry in log:
         if entry.run == run:
             return entry.cause

@@ -65,6 +65,9 @@ def test_restart_log_round_trip_and_causes(tmp_path: Path) -> None:
     assert cause_of_run(0, "REQUEUED", log) == "time limit"
     assert cause_of_run(1, "PREEMPTED", log) == "preempted"
     assert cause_of_run(1, "NODE_FAIL", log) == "node failure"
+    # run 2 logged "failed", but Slurm ended it for a node failure: Slurm's record wins
+    assert cause_of_run(2, "NODE_FAIL", log) == "node failure"
+    assert cause_of_run(2, "REQUEUED", log) == "failed"
     assert read_log(tmp_path, "43") == []
 
 
