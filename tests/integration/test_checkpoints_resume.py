@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -193,7 +194,9 @@ def test_restart_resumes_from_its_own_newest_checkpoint_and_retention_keeps_it(t
         subprocess.run(["scancel", job], capture_output=True, check=False)
     assert record["current_status"] == "TRAINING_JOB_COMPLETED", logs
     assert "RUN 0 LOADED [] FROM_STEP 0" in logs, logs
-    assert "RUN 1 LOADED ['ckpt-2'] FROM_STEP 2" in logs, logs
+    # Run 1 normally; one later when 22.05 skipped the requeued run's prolog on the node and the
+    # restart helper requeued it once more (docs/long-runs.md): what matters is what it loaded.
+    assert re.search(r"RUN [1-9] LOADED \['ckpt-2'\] FROM_STEP 2", logs), logs
     assert "resuming from checkpoint 'ckpt-2'" in logs, logs
     index = _list(job)
     assert [c["name"] for c in index["checkpoints"]] == ["ckpt-4"], index

@@ -86,6 +86,11 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         Subsystem sftp internal-sftp
         LogLevel VERBOSE
         """))
+    # The login node's bt-sbatch reads the suite's site file (tests/conftest.py host_runtime_site), as
+    # a local one does: an ssh session does not inherit this process's environment.
+    if os.environ.get("SLURM_BT_SITE_CONFIG"):
+        with config.open("a") as f:
+            f.write(f"SetEnv SLURM_BT_SITE_CONFIG={os.environ['SLURM_BT_SITE_CONFIG']}\n")
     # -D keeps sshd in the foreground as our child: its PID is known without a pid file (the daemon
     # writes PidFile only after it starts listening, so polling the port then reading it raced).
     log = root / "sshd.log"
