@@ -295,10 +295,13 @@ def _session_notice(what: str) -> list[str]:
 
 
 def _failure_hold(minutes: int) -> list[str]:
-    """on_failure: keep the allocation ``minutes`` after the start commands failed, then fail the job.
+    """on_failure: keep the allocation ``minutes`` after the start commands failed, then end the run.
 
     ``sleep & wait`` rather than a foreground sleep so a trapped signal (scancel, the time limit's
-    warning) is handled at once instead of after the whole hold.
+    warning) is handled at once instead of after the whole hold. The run then ends through the
+    restart helper like any failed run (not a bare ``exit``): it decides fail or retry and, on Slurm
+    >= 25.11, clears the job's requeue flag before a final failure, without which 26.05 holds a failed
+    ``--requeue=expedite`` job (REQUEUE_HOLD) instead of ending it FAILED (docs/slurm-releases.md).
     """
     return [
         'if [ "$bt_train_rc" -ne 0 ] && [ "${bt_stopped:-0}" = 0 ]; then',
@@ -307,8 +310,7 @@ def _failure_hold(minutes: int) -> list[str]:
             f"the allocation is kept for {minutes} min")),
         f"  sleep {minutes * 60} & wait $! || true",
         '  echo "slurm-bt: interactive session (on_failure) ended after '
-        f'{minutes} min; the job fails with exit $bt_train_rc"',
-        '  exit "$bt_train_rc"',
+        f'{minutes} min; the run ends as its start commands did (exit $bt_train_rc)"',
         "fi",
     ]
 # -- end interactive sessions

@@ -190,7 +190,8 @@ def test_on_failure_holds_the_allocation_then_fails(tenants: dict[str, object]) 
     assert time.monotonic() - held_at > 40, "the hold ended long before its minute"
     assert record["current_status"] == "TRAINING_JOB_FAILED", record
     assert "exit code 3" in str(record.get("slurm_state", "")) + str(record.get("detail", "")), record
-    assert "interactive session (on_failure) ended after 1 min; the job fails with exit 3" in logs, logs
+    assert ("interactive session (on_failure) ended after 1 min; the run ends as its start commands did "
+            "(exit 3)") in logs, logs
     aftermath(job_id, "btu1")
 
 
