@@ -73,14 +73,16 @@ def test_on_startup_prints_the_attach_command_before_step_two(tmp_path: Path) ->
     assert "on_failure" not in script and "sleep " not in script  # no hold for on_startup
 
 
-def test_on_failure_holds_then_exits_with_the_start_commands_status(tmp_path: Path) -> None:
+def test_on_failure_holds_then_ends_through_the_restart_helper(tmp_path: Path) -> None:
     held = "d.InteractiveSession(trigger=d.InteractiveSessionTrigger.ON_FAILURE, timeout_minutes=3)"
     script = render_batch_script(spec_for(_config(tmp_path, held)))
     step2 = script.index("--job-name=bt-train")
     hold = script.index('if [ "$bt_train_rc" -ne 0 ]', step2)  # after step 2 has ended, with its status
     tail = script[hold:]
     assert "interactive session (on_failure): the allocation is kept for 3 min" in tail
-    assert tail.index("sleep 180 & wait $!") < tail.index('exit "$bt_train_rc"')
+    # the hold, then the run's usual end: the restart helper decides (and clears Requeue on 25.11+)
+    assert tail.index("sleep 180 & wait $!") < tail.index('bt_restart after "$bt_train_rc"')
+    assert 'exit "$bt_train_rc"' not in tail
     assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
 
 
