@@ -28,7 +28,6 @@ __all__ = [
     "image_manifest",
     "image_pin_key",
     "image_source",
-    "is_image",
     "job_image_manifest_path",
     "write_job_image_manifest",
 ]
@@ -75,11 +74,6 @@ def image_manifest(pin: ImagePin, sqfs_sha256: str, sqfs_size: int) -> Manifest:
     """The one-file Manifest of the image's squashfs."""
     return Manifest(kind="oci", source=image_source(pin), revision=pin.digest,
                     files=(ManifestFile(path=IMAGE_FILE, size=sqfs_size, sha256=sqfs_sha256),))
-
-
-def is_image(m: Manifest) -> bool:
-    """An image entry (for ``slurm-bt cache``'s listings)."""
-    return m.kind == "oci"
 
 
 def job_image_manifest_path(job_dir: str | Path) -> Path:

@@ -304,6 +304,13 @@ def _short_wait(waiting: list[tuple[dict[str, Any], NodeCache, Manifest]], limit
                 waiting.remove(item)
 
 
+def _record_entry(m: Manifest, *, index: int, tier: str, audience: str, t0: float, link: Path) -> dict[str, Any]:
+    """One staged entry as the node record, the prolog's log line and ``slurm-bt status`` show it."""
+    return {"index": index, "source": f"{m.source}@{m.revision[:12]}", "manifest_id": m.manifest_id,
+            "tier": tier, "audience": audience, "bytes": m.total_bytes,
+            "seconds": round(time.monotonic() - t0, 4), "path": str(link)}
+
+
 @dataclass
 class _NodeTiers:
     """One job's view of the cluster tiers (shared, its team's) and of this node's cache (the node-wide
@@ -365,10 +372,8 @@ class _NodeTiers:
             self.log(f"slurm-bt weights: withdrew {m.source}@{m.revision[:12]} from the node-wide layout "
                      f"(credentialed entries are team {self.team}'s only)")
         link = link_job_weights(node, job_id, index, m, pending=key is not None, name=link_name)
-        entry: dict[str, Any] = {
-            "index": index, "source": f"{m.source}@{m.revision[:12]}", "manifest_id": m.manifest_id,
-            "tier": "node-hit" if hit else "cluster-hit", "audience": "public" if public else f"team {self.team}",
-            "bytes": m.total_bytes, "seconds": round(time.monotonic() - t0, 4), "path": str(link)}
+        entry = _record_entry(m, index=index, tier="node-hit" if hit else "cluster-hit",
+                              audience="public" if public else f"team {self.team}", t0=t0, link=link)
         if key is not None:
             entry.update(tier="node-staging", stager=key)
         return entry, node
@@ -470,9 +475,7 @@ def stage_image_for_job(
         nodes.authorize(m)
         link = link_job_weights(nodes.public_node, job_id, 0, m, name=IMAGE_LINK,
                                 snapshot=nodes.shared.snapshot_path(m))
-        entry: dict[str, Any] = {"index": 0, "source": f"{m.source}@{m.revision[:12]}", "manifest_id": m.manifest_id,
-                                 "tier": "shared-direct", "audience": "public", "bytes": m.total_bytes,
-                                 "seconds": round(time.monotonic() - t0, 4), "path": str(link)}
+        entry = _record_entry(m, index=0, tier="shared-direct", audience="public", t0=t0, link=link)
     else:
         entry, node = nodes.stage_entry(m, job_id, nodes.shared.has(m), stager, index=0, link_name=IMAGE_LINK)
         if entry["tier"] == "node-staging" and stager is not None:
