@@ -64,7 +64,6 @@ WEIGHTS_RESERVE_S = 5.0
 _MANIFEST_MAX = 64 << 20  # slurm_bt.weights.node_stage._MAX_MANIFEST (not imported: jobs without weights)
 
 
-
 def _read_as_job_user(ctx: HookContext, read: Callable[[], Any], what: str, *, max_result_bytes: int) -> Any:
     """``read()`` in a child dropped to the job user, within the hook's budget; the result is untrusted.
 
