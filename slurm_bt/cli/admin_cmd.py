@@ -382,35 +382,25 @@ PLUGSTACK_FILES = ("/etc/slurm/plugstack.conf", "/etc/slurm-llnl/plugstack.conf"
 
 
 def _fuse_open_as(user: str, path: str = "/dev/fuse") -> str | None:
-    """Open ``path`` read-write as ``user`` in a forked child; None if it worked, else the error."""
+    """Open ``path`` read-write as ``user`` (posix.privdrop.run_as_uid: forked, dropped, bounded);
+    None if it worked, else the error."""
     import pwd
+
+    from slurm_bt.posix.privdrop import ChildError, run_as_uid
 
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
         return f"no user {user!r} to try with"
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: drop to the user, try, report one line
-        code = 0
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(pw.pw_gid)
-            os.setuid(pw.pw_uid)
-            os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC))
-        except OSError as exc:
-            os.write(w, (exc.strerror or str(exc)).encode()[:200])
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(w)
+
+    def try_open() -> None:
+        os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC))
+
     try:
-        msg = os.read(r, 256).decode(errors="replace")
-    finally:
-        os.close(r)
-    _, status = os.waitpid(pid, 0)
-    return None if os.waitstatus_to_exitcode(status) == 0 else (msg or "failed")
+        run_as_uid(try_open, uid=pw.pw_uid, gid=pw.pw_gid, timeout_s=10.0)
+    except ChildError as exc:
+        return str(exc) or "failed"
+    return None
 
 
 def container_runtime_checks(runtime: str, *, which: Callable[[str], str | None] = shutil.which,
