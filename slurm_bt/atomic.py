@@ -21,7 +21,7 @@ import os
 import secrets
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,6 +32,7 @@ __all__ = [
     "fsync_dir",
     "make_private_dir",
     "publish_dir_atomic",
+    "syncfs",
     "temp_name",
     "write_file_atomic",
 ]
@@ -73,6 +74,42 @@ def fsync_dir(path: Path) -> None:
             raise StorageError(str(path), f"cannot fsync directory: {_reason(exc)}") from exc
     finally:
         os.close(fd)
+
+
+def syncfs(fd: int) -> None:
+    """Flush every dirty page and metadata change of the filesystem holding ``fd`` (``syncfs(2)``).
+
+    Why: publishing thousands of small files with an fsync of each file and of its directory costs
+    two journal commits per file (10,000 files of 4 KiB: seconds, most of a node copy). A batch of
+    files written to temp names is made durable by one ``syncfs`` before any of them is renamed to
+    its final name, and the renames by a second one, so a name under which readers trust a file
+    still always points at durable bytes. ``syncfs`` waits only for this filesystem (``sync(2)``
+    would wait for all of them); where the C library lacks it, ``sync`` is the fallback.
+
+    Raises:
+        StorageError: the filesystem reported a write-back error (e.g. EIO, ENOSPC).
+    """
+    if _SYNCFS is None:
+        os.sync()
+        return
+    if _SYNCFS(fd) != 0:
+        err = ctypes.get_errno()
+        raise StorageError(f"/proc/self/fd/{fd}", f"syncfs failed: {os.strerror(err)}")
+
+
+def _load_syncfs() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        func = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int]
+    func.restype = ctypes.c_int
+    return func
+
+
+_SYNCFS = _load_syncfs()
 
 
 @contextmanager

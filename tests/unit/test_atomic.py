@@ -214,3 +214,16 @@ def test_make_private_dir_refuses_foreign_owner(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="owned by uid 12345"):
         make_private_dir(d)
     assert mode_of(d) == 0o777  # never adopted or chmodded
+
+
+def test_syncfs_flushes_the_filesystem_and_reports_a_bad_descriptor(tmp_path: Path) -> None:
+    from slurm_bt.atomic import syncfs
+
+    (tmp_path / "f").write_bytes(b"x")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        syncfs(fd)  # a real directory descriptor: no error
+    finally:
+        os.close(fd)
+    with pytest.raises(StorageError, match="syncfs failed"):
+        syncfs(fd)  # closed: EBADF, reported, never silently ignored
