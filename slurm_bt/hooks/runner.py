@@ -67,6 +67,37 @@ def _record_fault(state_root: str, node: str, line: str) -> None:
             os.close(fd)
 
 
+def _owner_from_prolog(env: SlurmHookEnv, state_root: str, log: HookLog) -> SlurmHookEnv:
+    """The job's real owner when slurmd ran the epilog as "uid 0" for a job the prolog ran for someone else.
+
+    Why: Slurm 24.11 and 26.05 run the epilog of a job whose credential slurmd no longer holds
+    (its slurmd was restarted while the node was down and the job was requeued elsewhere) with
+    ``SLURM_JOB_UID=0``/``SLURM_JOB_USER=root``. Taken at its word, the epilog then looked for root's
+    runtime directory (the user's, with its secrets, stayed behind) and handed the user's
+    checkpoints off to an upload running *as root* (docs/slurm-releases.md). The prolog's ``owner``
+    note for this job on this node is root-written from the prolog's own trusted environment, so
+    it is used instead; without one (a root job, or a node whose /run was wiped) uid 0 stands.
+    """
+    import dataclasses
+    import pwd
+
+    from slurm_bt.jobhost.leftovers import recorded_job_owner
+
+    owner = recorded_job_owner(state_root, env.node, env.job_id)
+    if owner is None or owner[0] == 0:
+        return env
+    uid, gid = owner
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        log.warning(f"slurmd gave uid 0 for job {env.job_id}; the prolog recorded uid {uid}, which has no "
+                    "passwd entry here: running as uid 0")
+        return env
+    log.warning(f"slurmd gave uid 0 for job {env.job_id} (it no longer holds the job's credential, e.g. "
+                f"after a slurmd restart); the prolog recorded uid {uid} ({pw.pw_name}): the epilog works for them")
+    return dataclasses.replace(env, uid=uid, gid=gid, user=pw.pw_name, home=pw.pw_dir)
+
+
 def run_hook(
     kind: str,
     body: Callable[[HookContext], None],
@@ -124,6 +155,8 @@ def run_hook(
         except HookEnvError as exc:
             return fault(log, f"invalid hook environment: {exc}",
                          "run this only as a slurmd Prolog/Epilog; check the user database (NSS) on this node")
+        if kind == "epilog" and env.uid == 0:
+            env = _owner_from_prolog(env, state_root, log)
         log.tag = f"{kind}[{os.getpid()}] job={env.job_id} node={env.node} uid={env.uid}"
         ctx = HookContext(env=env, settings=settings, site=site, log=log, started=started,
                           deadline=started + settings.deadline_s, state_root=state_root,

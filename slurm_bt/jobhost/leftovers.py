@@ -60,6 +60,7 @@ __all__ = [
     "mark_job_ending",
     "other_jobs_of_user",
     "read_proc",
+    "recorded_job_owner",
     "summary",
     "write_job_owner",
 ]
@@ -119,6 +120,29 @@ def _write_note(state_root: str, node: str, job_id: str, gid: int, name: str, da
 def write_job_owner(state_root: str, node: str, job_id: str, uid: int, gid: int) -> None:
     """Prolog: record who owns the job in its (just created) notes."""
     _write_note(state_root, node, job_id, gid, OWNER_NOTE, f"{uid}\n".encode())
+
+
+def recorded_job_owner(state_root: str, node: str, job_id: str) -> tuple[int, int] | None:
+    """``(uid, gid)`` the prolog recorded for this job on this node, or None if there is no such note.
+
+    The uid is the note's content and the gid its group (both written by root in a root-owned tree,
+    from the prolog's own trusted ``SLURM_JOB_UID``/``SLURM_JOB_GID``), so this is as trustworthy as
+    the prolog's environment. The epilog needs it when slurmd itself has forgotten the job's owner
+    (:func:`slurm_bt.hooks.runner.run_hook`).
+    """
+    from slurm_bt.trusted_files import owned_by_root
+
+    gids: list[int] = []
+
+    def root_note(st: os.stat_result) -> bool:
+        gids.append(st.st_gid)
+        return owned_by_root(st)
+
+    raw = read_trusted_file(f"{state_root}/{node}/jobs/{job_id}/{OWNER_NOTE}", max_bytes=32, owner_ok=root_note)
+    if raw is None or not gids:
+        return None
+    text = raw.decode("ascii", "replace").strip()
+    return (int(text), gids[-1]) if text.isdigit() else None
 
 
 def mark_job_ending(state_root: str, node: str, job_id: str, gid: int) -> None:

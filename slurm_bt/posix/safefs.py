@@ -201,6 +201,26 @@ def open_dir_at(parent_fd: int, name: str) -> int:
         raise
 
 
+_OWNER_SETTLE_S = 0.5
+
+
+def _owner_settled(fd: int, st: os.stat_result, uid: int) -> os.stat_result:
+    """``fstat`` of ``fd`` once a root-owned directory another root process is creating for ``uid`` is chowned.
+
+    Why: two root hooks can create the same per-user directory at once (two jobs of one user whose
+    prologs start together on a node, or the dev cluster's two slurmd sharing ``/dev/shm``). The
+    loser of the ``mkdir`` race sees the winner's directory between its ``mkdir`` and its
+    ``fchown``: root-owned, not yet the user's. Taken for a squat, it was renamed aside under the
+    running job. No user can create a root-owned entry, so a root-owned directory is waited for
+    (briefly, on the same inode); one still root's after that is refused as before.
+    """
+    deadline = time.monotonic() + _OWNER_SETTLE_S
+    while st.st_uid == 0 and uid != 0 and stat.S_ISDIR(st.st_mode) and time.monotonic() < deadline:
+        time.sleep(0.005)
+        st = os.fstat(fd)
+    return st
+
+
 def ensure_dir_at(parent_fd: int, name: str, *, uid: int, gid: int, mode: int,
                   adopt_modes: bool = True) -> tuple[int, bool]:
     """Create directory ``name`` in ``parent_fd`` owned ``uid:gid`` with ``mode``, or accept ours.
@@ -239,7 +259,7 @@ def ensure_dir_at(parent_fd: int, name: str, *, uid: int, gid: int, mode: int,
                 raise UnsafeEntry(name, f"changed owner to uid {st.st_uid} while being created")
             os.fchown(fd, uid, gid)
             os.fchmod(fd, mode)  # after fchown: chown clears the setgid bit
-        elif st.st_uid != uid:
+        elif st.st_uid != uid and (st := _owner_settled(fd, st, uid)).st_uid != uid:
             raise UnsafeEntry(name, f"already exists and is owned by uid {st.st_uid}, not uid {uid}")
         else:
             if st.st_gid != gid and uid == 0:

@@ -399,3 +399,33 @@ def test_stale_scratch_sweep_can_be_turned_off(site: Site) -> None:
     _age(root / "910", 10 * 86400)
     assert run(site, "prolog", job_env(site, "btu1", "912", work)) == 0
     assert (root / "910").is_dir()
+
+
+def flush_names_user(environ: Mapping[str, str], deadline_s: float, site: object = None) -> object:
+    """Stand-in checkpoint flush (runs in the epilog's child) that says whom it ran for, in the hook log."""
+    who = f"{environ['SLURM_JOB_USER']}:{environ['SLURM_JOB_UID']}:{os.getuid()}"
+    return type("R", (), {"status": "done", "message": f"flushed for {who}"})()
+
+
+def test_epilog_given_uid_0_for_a_users_job_works_for_the_owner_the_prolog_recorded(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm 26.05 runs the epilog of a job killed by its node going DOWN with SLURM_JOB_UID=0: the runtime
+    directory with the user's secrets must still go and the flush must run for the user, not for root."""
+    monkeypatch.setattr(epilog, "checkpoint_flush", flush_names_user)
+    work = write_job(site, "btu1")
+    assert run(site, "prolog", job_env(site, "btu1", "27", work)) == 0
+    u1 = pwd.getpwnam("btu1")
+    runtime = site.base / "shm" / f"slurm-bt-{u1.pw_uid}"
+    (runtime / "27").mkdir()
+    (runtime / "27" / "node-0.env").write_text("SECRET=1")
+    as_root = {**hook_environ("root", "27"), "SLURM_SCRIPT_CONTEXT": "epilog_slurmd"}
+    assert run(site, "epilog", as_root) == 0
+    log = Path(site.base, "log", "hooks.log").read_text()
+    assert f"flushed for btu1:{u1.pw_uid}:" in log and "flushed for root" not in log, log[-2000:]
+    assert f"the prolog recorded uid {u1.pw_uid} (btu1)" in log
+    assert not (runtime / "27").exists() and not site.scratch("27").exists()
+    # A real root job (its prolog recorded uid 0) keeps uid 0.
+    assert run(site, "prolog", hook_environ("root", "28")) == 0
+    assert run(site, "epilog", {**hook_environ("root", "28"), "SLURM_SCRIPT_CONTEXT": "epilog_slurmd"}) == 0
+    log = Path(site.base, "log", "hooks.log").read_text()
+    assert "job=28 node=n1 uid=0" in log and "recorded uid" not in log.split("job=28", 1)[1]

@@ -265,6 +265,34 @@ def test_ensure_dir_creates_and_refuses_what_it_must_not_adopt(root: Path, users
         os.close(fd)
 
 
+def test_ensure_dir_waits_for_a_concurrent_root_creator_instead_of_calling_it_a_squat(
+        root: Path, users: dict[str, int]) -> None:
+    """Two prologs of one user create the same runtime directory at once: the loser of the mkdir race sees
+    the winner's directory before its fchown (root-owned) and must adopt it once chowned, not move it aside."""
+    import threading
+    import time
+
+    uid = users["btu1"]
+    os.mkdir(root / "racing", 0o700)  # the winner's mkdir: root-owned, not yet the user's
+    chowned = threading.Timer(0.1, os.chown, (root / "racing", uid, uid))
+    fd = open_trusted_dir(str(root))
+    try:
+        chowned.start()
+        t0 = time.monotonic()
+        d, created = ensure_dir_at(fd, "racing", uid=uid, gid=uid, mode=0o700)
+        os.close(d)
+        assert not created and 0.05 < time.monotonic() - t0 < 0.5
+        assert os.lstat(root / "racing").st_uid == uid
+        os.mkdir(root / "stuck", 0o700)  # a root-owned directory that never becomes the user's: refused
+        t0 = time.monotonic()
+        with pytest.raises(UnsafeEntry, match="owned by uid 0"):
+            ensure_dir_at(fd, "stuck", uid=uid, gid=uid, mode=0o700)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        chowned.cancel()
+        os.close(fd)
+
+
 def test_open_trusted_dir_refuses_user_controlled_components(tmp_path: Path, users: dict[str, int]) -> None:
     os.chmod(tmp_path, 0o755)
     (tmp_path / "u" / "scratch").mkdir(parents=True)
