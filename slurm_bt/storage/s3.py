@@ -26,9 +26,14 @@ must be boto3 anyway:
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import hmac
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError, SourceUnavailableError
 from slurm_bt.storage.base import Backend, BodyStream, Listing, Pinned, RangeStream, RemoteFile, TransportOptions
@@ -95,6 +100,98 @@ def boto_config(settings: ClientSettings, options: TransportOptions, *, signed: 
     return common
 
 
+_PROBE_KEY = "bt-presign-probe/a b+c=d&e~\u00fc%2F"  # odd characters: the probe also checks key encoding
+_QS_SAFE = "-_.~"  # SigV4 canonical query encoding: everything but the unreserved characters
+
+
+class _FastPresigner:
+    """SigV4 query presigning of GETs in ~20 us instead of botocore's ~0.7 ms per URL.
+
+    Why: the data plane presigns every GET, and with 10,000 small objects botocore's presigner (a
+    request object, handlers, a fresh signing-key derivation per URL) was seconds of the two cores
+    the transfer needs. This signer takes everything that is not per-request from one URL botocore
+    presigned (endpoint, addressing style, region, parameter set) and only recomputes what changes:
+    the date, the canonical request of the key and one HMAC under a signing key cached per day.
+    :meth:`probe` signs a probe key both ways and is used only if the URLs are byte-identical, so
+    any setup it does not reproduce (another signature version, a custom endpoint resolver) keeps
+    botocore.
+    """
+
+    def __init__(self, base: str, host: str, params: list[tuple[str, str]], region: str, credentials: Any) -> None:
+        self._base = base  # scheme://host/[bucket/] (path or virtual-hosted style, as botocore chose)
+        self._host = host
+        self._params = params  # botocore's query parameters, in its order, minus the signature
+        self._region = region
+        self._credentials = credentials  # botocore credentials (refreshable ones refresh on freeze)
+        self._key_cache: tuple[tuple[str, str], bytes] | None = None
+
+    @classmethod
+    def probe(cls, client: Any, session: Any, bucket: str, signed: bool) -> _FastPresigner | Literal[False]:
+        """A signer proven equal to ``client``'s presigner on a probe key, or False (keep botocore)."""
+        try:
+            ref = str(client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": _PROBE_KEY},
+                                                    ExpiresIn=3600))
+            parts = urlsplit(ref)
+            quoted = quote(_PROBE_KEY, safe="/~")
+            if not parts.path.endswith(quoted) or parts.fragment:
+                return False
+            base = f"{parts.scheme}://{parts.netloc}{parts.path[:-len(quoted)]}"
+            params = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+            if not signed:
+                return cls(base, parts.netloc, [], "", None) if not params else False
+            names = [k for k, _ in params]
+            got = dict(params)
+            scope = got.get("X-Amz-Credential", "").split("/")
+            if (got.get("X-Amz-Algorithm") != "AWS4-HMAC-SHA256" or got.get("X-Amz-SignedHeaders") != "host"
+                    or len(scope) != 5 or scope[3:] != ["s3", "aws4_request"] or names[-1] != "X-Amz-Signature"
+                    or len(set(names)) != len(names)):
+                return False
+            credentials = session.get_credentials()
+            if credentials is None:
+                return False
+            fast = cls(base, parts.netloc.lower(), params[:-1], scope[2], credentials)
+            return fast if fast.url(_PROBE_KEY, amz_date=got["X-Amz-Date"]) == ref else False
+        except Exception:  # any surprise: botocore signs, as before
+            return False
+
+    def _signing_key(self, secret: str, day: str) -> bytes:
+        cached = self._key_cache
+        if cached is not None and cached[0] == (secret, day):
+            return cached[1]
+        key = ("AWS4" + secret).encode()
+        for part in (day, self._region, "s3", "aws4_request"):
+            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+        self._key_cache = ((secret, day), key)
+        return key
+
+    def url(self, key: str, *, amz_date: str | None = None) -> str:
+        """The presigned GET URL of ``key`` (valid for the probe's ``X-Amz-Expires``)."""
+        path_key = quote(key, safe="/~")
+        if self._credentials is None:
+            return self._base + path_key
+        creds = self._credentials.get_frozen_credentials()
+        stamp = amz_date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        day = stamp[:8]
+        values = {"X-Amz-Date": stamp,
+                  "X-Amz-Credential": f"{creds.access_key}/{day}/{self._region}/s3/aws4_request"}
+        if creds.token:
+            values["X-Amz-Security-Token"] = creds.token
+        params = [(k, values.get(k, v)) for k, v in self._params]
+        if ("X-Amz-Security-Token" in values) != any(k == "X-Amz-Security-Token" for k, _ in params):
+            params = [(k, v) for k, v in params if k != "X-Amz-Security-Token"]
+            if creds.token:
+                params.append(("X-Amz-Security-Token", creds.token))
+        encoded = [(quote(k, safe=_QS_SAFE), quote(v, safe=_QS_SAFE)) for k, v in params]
+        canonical_qs = "&".join(f"{k}={v}" for k, v in sorted(encoded))
+        path = urlsplit(self._base).path + path_key
+        canonical = f"GET\n{path}\n{canonical_qs}\nhost:{self._host}\n\nhost\nUNSIGNED-PAYLOAD"
+        to_sign = (f"AWS4-HMAC-SHA256\n{stamp}\n{day}/{self._region}/s3/aws4_request\n"
+                   f"{hashlib.sha256(canonical.encode()).hexdigest()}")
+        sig = hmac.new(self._signing_key(creds.secret_key, day), to_sign.encode(), hashlib.sha256).hexdigest()
+        query = "&".join(f"{k}={v}" for k, v in encoded)
+        return f"{self._base}{path_key}?{query}&X-Amz-Signature={sig}"
+
+
 class S3Backend(Backend):
     """A prefix of an S3, R2 or CoreWeave bucket."""
 
@@ -123,6 +220,9 @@ class S3Backend(Backend):
         self._session, self._signed, self._transport = session, signed, options
         self._extra_clients: list[Any] = []
         self._pool: Any = None
+        self._fast: _FastPresigner | Literal[False] | None = None  # None: not probed yet; False: botocore
+        self._fast_lock = threading.RLock()  # _get_url's probe makes the presign client under it
+        self._presigner: Any = None
         if endpoints.s3_data_plane == "presigned":
             from slurm_bt.storage._http import make_pool
 
@@ -297,8 +397,7 @@ class S3Backend(Backend):
 
             # Presigning is local (SigV4 over the query string); Range and If-Match travel as
             # ordinary unsigned headers, which S3 allows, so the ETag pin is kept (412 if changed).
-            url = self._data.generate_presigned_url(
-                "get_object", Params={"Bucket": self.url.container, "Key": key}, ExpiresIn=3600)
+            url = self._get_url(key)
             headers = {"Accept-Encoding": "identity"}
             if file.etag:
                 headers["If-Match"] = file.etag
@@ -317,22 +416,36 @@ class S3Backend(Backend):
         return BodyStream(body.read, body.close, partial="ContentRange" in resp, uri=self.url.canonical,
                           file=file.path, start=start)
 
+    def _get_url(self, key: str) -> str:
+        """A presigned GET URL for ``key`` (1 h): :class:`_FastPresigner` when it proved it signs like botocore."""
+        if self._fast is None:
+            with self._fast_lock:
+                if self._fast is None:
+                    self._fast = _FastPresigner.probe(self._presign_client(), self._session, self.url.container,
+                                                      self._signed)
+        if self._fast:
+            return self._fast.url(key)
+        return str(self._presign_client().generate_presigned_url(
+            "get_object", Params={"Bucket": self.url.container, "Key": key}, ExpiresIn=3600))
+
+    def _presign_client(self) -> Any:
+        """The client that presigns: SigV4 explicitly (botocore would presign with the legacy SigV2 for
+        us-east-1 and custom endpoints, which newer regions and R2 refuse). Made on first use (~50 ms)."""
+        with self._fast_lock:
+            if self._presigner is None:
+                from botocore.config import Config
+
+                config = boto_config(self.settings, self._transport, signed=self._signed, retries=1)
+                if self._signed:
+                    config["signature_version"] = "s3v4"
+                self._presigner = self._session.client("s3", endpoint_url=self.settings.endpoint_url,
+                                                       config=Config(**config))
+                self._extra_clients.append(self._presigner)
+            return self._presigner
+
     def presigned_url(self, path: str, expires_s: int) -> str:
-        """A presigned ``GetObject`` URL (local SigV4, no request); a plain URL when the store is anonymous.
-
-        SigV4 explicitly: botocore would presign with the legacy SigV2 for a custom endpoint, which
-        newer regions and R2 refuse. One client, made on first use (a client costs ~50 ms).
-        """
-        if getattr(self, "_presigner", None) is None:
-            from botocore.config import Config
-
-            config = boto_config(self.settings, self._transport, signed=self._signed, retries=1)
-            if self._signed:
-                config["signature_version"] = "s3v4"
-            self._presigner = self._session.client("s3", endpoint_url=self.settings.endpoint_url,
-                                                   config=Config(**config))
-            self._extra_clients.append(self._presigner)
-        return str(self._presigner.generate_presigned_url(
+        """A presigned ``GetObject`` URL (local SigV4, no request); a plain URL when the store is anonymous."""
+        return str(self._presign_client().generate_presigned_url(
             "get_object", Params={"Bucket": self.url.container, "Key": self.url.key_for(path)},
             ExpiresIn=expires_s))
 

@@ -253,7 +253,7 @@ def stage_source(
     """
     from slurm_bt.storage.registry import open_backend
     from slurm_bt.storage.url import parse_source_uri
-    from slurm_bt.weights.download import DownloadOptions, fetch_file
+    from slurm_bt.weights.download import DownloadOptions, fetch_file, fetch_small
 
     opts: DownloadOptions = options or DownloadOptions(max_files=16)  # many small files: overlap fsyncs
     t0 = time.monotonic()
@@ -284,10 +284,16 @@ def stage_source(
             # Temp files go to a writer dir that names this process and keeps a heartbeat, not
             # beside the blobs: a kill -9 leaves debris the next stager can prove dead and remove.
             with _Progress(pin.pinned_uri, total, out, progress_interval_s) as progress, \
-                    team.writer_dir() as wdir:
+                    team.writer_dir() as wdir, team.fetched_batch() as batch:
                 counting = _CountingSource(backend, progress)
 
                 def fetch_into_tier(rf: Any) -> str:
+                    if rf.size <= opts.small_file_max:  # verified in memory, published in batches (BlobBatch)
+                        small = fetch_small(counting, rf, wdir, options=opts)
+                        assert small.path is not None
+                        batch.add(small.path, ManifestFile(path=rf.path, size=rf.size, sha256=small.sha256,
+                                                           etag=rf.etag))
+                        return small.sha256
                     got = fetch_file(counting, rf, wdir, options=opts, pool=parts)
                     mf = ManifestFile(path=rf.path, size=rf.size, sha256=got.sha256, etag=rf.etag)
                     if got.path is not None and got.path.parent == wdir:
