@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from slurm_bt.atomic import fsync_dir, publish_dir_atomic
+from slurm_bt.atomic import fsync_dir, publish_dir_atomic, syncfs
 from slurm_bt.errors import CacheIntegrityError, StorageError
 from slurm_bt.posix.safefs import remove_owned_tree
 from slurm_bt.weights.locks import process_start_time
@@ -49,6 +49,7 @@ __all__ = [
     "BLOB_MODE",
     "CACHEDIR_TAG",
     "CacheLayout",
+    "SmallBlobWriter",
     "build_snapshot",
     "copy_and_hash",
     "copy_only",
@@ -325,13 +326,24 @@ def _move(src_fd: int, dst_fd: int, off: int, count: int, use_cfr: list[bool]) -
 _SYNC_FILE_RANGE_WRITE = 2
 
 
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        func = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    func.restype = ctypes.c_int
+    return func
+
+
+# Looked up once: a ctypes.CDLL per call cost more than the call itself on small chunks.
+_SYNC_FILE_RANGE = _load_sync_file_range()
+
+
 def _start_writeback(fd: int, off: int, count: int) -> None:
     """``sync_file_range(SYNC_FILE_RANGE_WRITE)``: start writeback now so the final fsync is short."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.sync_file_range(fd, ctypes.c_longlong(off), ctypes.c_longlong(count), _SYNC_FILE_RANGE_WRITE)
-    except (OSError, AttributeError):
-        pass  # an optimisation only
+    if _SYNC_FILE_RANGE is not None and count > 0:
+        _SYNC_FILE_RANGE(fd, off, count, _SYNC_FILE_RANGE_WRITE)  # an optimisation only: errors ignored
 
 
 def _hash_range(h: hashlib._Hash, fd: int, off: int, count: int) -> None:
@@ -444,7 +456,11 @@ def publish_blob_file(tmp: Path, fd: int, final: Path, f: ManifestFile, actual_s
     instead, so only the team that may read the source can read the bytes.
 
     An existing blob at ``final`` is kept (content addressing: same name, same bytes), so the
-    temp is dropped. Returns True when this call published the blob.
+    temp is dropped. Returns True when this call published the blob. The name is made with
+    ``link(2)``, which refuses an existing name atomically (an ``lexists`` check before a
+    ``rename`` left a window in which a concurrent writer's blob was replaced by another inode,
+    detaching it from the snapshots already linked to it); a filesystem without hard links falls
+    back to that check and ``rename``.
 
     Raises:
         CacheIntegrityError: hash or size differ from the manifest (the temp is removed).
@@ -457,9 +473,8 @@ def publish_blob_file(tmp: Path, fd: int, final: Path, f: ManifestFile, actual_s
             os.fchown(fd, -1, group)
         os.fchmod(fd, BLOB_MODE if group is None else BLOB_MODE & ~0o004)  # after chown (clears bits)
         os.fsync(fd)
-        if os.path.lexists(final):
+        if not _link_noreplace(tmp, final):
             return False
-        os.rename(tmp, final)
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -468,15 +483,167 @@ def publish_blob_file(tmp: Path, fd: int, final: Path, f: ManifestFile, actual_s
         raise StorageError(str(final), f"cannot publish blob: {exc.strerror}") from exc
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)  # no-op after a successful rename (ENOENT)
+            os.unlink(tmp)  # the link is the blob now; the temp name goes either way
     fsync_dir(final.parent)
     return True
 
 
-def _link_or_copy(blob: Path, dst: Path, layout: CacheLayout) -> None:
+def _link_noreplace(tmp: Path | str, final: Path | str) -> bool:
+    """Give the file at ``tmp`` the name ``final`` unless that exists; True when this call named it.
+
+    ``tmp`` is left in place (the caller unlinks it). Hard links are refused by some filesystems
+    (``EPERM`` on a few FUSE mounts, ``ENOTSUP``/``EOPNOTSUPP``); there an existence check and
+    ``rename`` do it (``rename`` moves ``tmp`` away, which the caller's unlink tolerates).
+    """
+    try:
+        os.link(tmp, final)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+    if os.path.lexists(final):
+        return False
+    os.rename(tmp, final)
+    return True
+
+
+class SmallBlobWriter:
+    """Publish a batch of small blobs with one ``syncfs`` and one directory fsync, not two fsyncs each.
+
+    Why: 10,000 small blobs published one by one cost an fsync of each file and of ``blobs/``:
+    journal commits, not bytes, were most of a node copy (bench/weights_bench.py, section ``node``,
+    small dataset: 6.6 s against 0.83 s for ``cp -a``). Here each blob is verified and written to a
+    temp name in ``.tmp/`` without a flush (:meth:`add`); :meth:`publish` then makes the whole batch
+    durable with ONE ``syncfs`` of the cache's filesystem *before* any of it gets its final name,
+    links every temp to ``blobs/<sha256>`` and makes the names durable with one fsync of
+    ``blobs/``. So the invariant of the per-blob path still holds: a blob under its final name has
+    verified, durable bytes. A crash before ``publish`` leaves only temp files (``tmp_name`` names, so
+    :func:`slurm_bt.weights.cluster_cache.gc_temp` removes them as a dead writer's); a failed
+    ``syncfs`` publishes nothing of the batch; a blob whose bytes do not hash to its name is refused
+    in :meth:`add` before anything of it is written.
+
+    ``syncfs`` flushes every dirty page of the filesystem, other writers' too, so it only pays
+    when a batch has many blobs (the node cache uses it from 16 small blobs on) and the node cache
+    writes its small blobs before its big ones. The directory fd used for ``syncfs`` is opened
+    before any temp is written: Linux reports a write-back error only to descriptors opened before
+    it happened. One writer, one thread (the node cache's small blobs are done in a tight loop:
+    a thread pool costs more than a 4 KiB copy).
+    """
+
+    def __init__(self, layout: CacheLayout) -> None:
+        self.layout = layout
+        #: Blobs (sha256) this writer gave their final name; the caller rolls them back on failure.
+        self.published: list[str] = []
+        self._tmp_dir = os.fspath(layout.tmp)
+        self._blobs = os.fspath(layout.blobs)
+        self._base = tmp_name("sblob")  # one /proc read per batch; "<n>-" makes each name unique
+        self._mode = layout.blob_mode
+        # The mode given to open() is masked by the umask; fchmod only when that would change it.
+        self._fchmod = layout.group is not None or bool(_current_umask() & self._mode)
+        self._temps: list[tuple[str, str]] = []
+        self._fd = os.open(layout.tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def __enter__(self) -> SmallBlobWriter:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self._temps)
+
+    def add(self, f: ManifestFile, data: bytes, *, verify: bool = True) -> None:
+        """Write ``data`` as the temp of blob ``f`` (no flush), after checking it is ``f``'s content.
+
+        The hash is of ``data``, the very buffer that is written, so a source rewritten after it
+        was read cannot slip other bytes in. ``verify`` False (a trusted tier, ``copy_only``'s
+        policy) checks the size only.
+
+        Raises:
+            CacheIntegrityError: size or sha256 differ from ``f`` (nothing written).
+            OSError: the temp could not be written (ENOSPC included); its name is removed by
+                :meth:`close`.
+        """
+        actual = hashlib.sha256(data).hexdigest() if verify else f.sha256
+        if len(data) != f.size or actual != f.sha256:
+            raise CacheIntegrityError(os.path.join(self._blobs, f.sha256), f.sha256, actual, f.size, len(data))
+        path = os.path.join(self._tmp_dir, f"{len(self._temps)}-{self._base}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, self._mode)
+        self._temps.append((path, f.sha256))
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.layout.group is not None:
+                os.fchown(fd, -1, self.layout.group)
+            if self._fchmod:
+                os.fchmod(fd, self._mode)  # after chown (which may clear bits)
+        finally:
+            os.close(fd)
+
+    def publish(self) -> list[str]:
+        """Flush the batch (one ``syncfs``), name every blob, flush ``blobs/``; returns the new blobs.
+
+        Blobs already under their name are kept (same name, same bytes). Every temp is gone after.
+
+        Raises:
+            StorageError: ``syncfs`` failed (nothing of the batch is published) or a link failed
+                (those linked before stay: their bytes are durable and verified).
+        """
+        if not self._temps:
+            return []
+        syncfs(self._fd)  # the bytes first: no final name may point at data still in the page cache
+        temps, self._temps = self._temps, []
+        try:
+            for i, (path, sha) in enumerate(temps):
+                final = os.path.join(self._blobs, sha)
+                try:
+                    if _link_noreplace(path, final):
+                        self.published.append(sha)
+                except OSError as exc:
+                    self._temps = temps[i:]  # close() removes what is left
+                    raise StorageError(final, f"cannot publish blob: {exc.strerror}") from exc
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        finally:
+            if self.published:
+                fsync_dir(self.layout.blobs)  # the names, before a snapshot or marker may use them
+        return self.published
+
+    def close(self) -> None:
+        """Remove the temps not published and drop the directory fd; idempotent."""
+        for path, _sha in self._temps:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self._temps = []
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _current_umask() -> int:
+    """The process umask, read from ``/proc/self/status`` (``os.umask`` can only be read by setting it,
+    which would race with other threads creating files)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"Umask:"):
+                return int(line.split()[1], 8)
+    return 0o777  # unknown: assume the worst, so fchmod always runs
+
+
+def _link_or_copy(blob: Path, dst: Path, layout: CacheLayout) -> bool:
+    """Hard-link ``blob`` at ``dst``, else (another filesystem, no hard links) copy it; True when copied.
+
+    A copy is fsynced here; a link needs only its directory flushed, which the caller does.
+
+    Raises:
+        FileNotFoundError: ``blob`` is missing.
+    """
     try:
         os.link(blob, dst)
-        return
+        return False
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
             raise
@@ -494,6 +661,12 @@ def _link_or_copy(blob: Path, dst: Path, layout: CacheLayout) -> None:
             os.close(dst_fd)
     finally:
         os.close(src_fd)
+    return True
+
+
+#: A snapshot with more directories than this is made durable with one ``syncfs`` instead of an
+#: fsync per directory (each one a journal commit; see :class:`SmallBlobWriter` for the trade-off).
+_SYNCFS_MIN_DIRS = 16
 
 
 def snapshot_is_intact(layout: CacheLayout, manifest: Manifest) -> bool:
@@ -512,8 +685,10 @@ def snapshot_is_intact(layout: CacheLayout, manifest: Manifest) -> bool:
 def build_snapshot(layout: CacheLayout, manifest: Manifest) -> Path:
     """Publish ``snapshots/<manifest_id>`` from blobs (hard links, else copies); idempotent.
 
-    The tree is built under a temp name beside its final name, every directory is fsynced and
-    made 0555, then it is renamed into place whole. If a snapshot is already there and intact it is
+    The tree is built under a temp name beside its final name, every directory is made 0555 and
+    fsynced (one ``syncfs`` for all of them from ``_SYNCFS_MIN_DIRS`` directories on: a vocabulary
+    split over hundreds of folders cost a journal commit per folder), then it is renamed into place
+    whole. If a snapshot is already there and intact it is
     kept; a damaged one (e.g. an eviction killed half-way) is moved to trash and rebuilt.
 
     Raises:
@@ -539,14 +714,23 @@ def build_snapshot(layout: CacheLayout, manifest: Manifest) -> Path:
                         break
                     dirs.add(p)
             blob = layout.blob(f.sha256)
-            if not blob.exists():
-                raise StorageError(str(blob), f"blob for {f.path} is missing; cannot build snapshot {mid}")
-            _link_or_copy(blob, dst, layout)
+            try:  # no exists() first: link(2) says ENOENT itself (one syscall per file, not two)
+                _link_or_copy(blob, dst, layout)
+            except FileNotFoundError as exc:
+                raise StorageError(str(blob), f"blob for {f.path} is missing; cannot build snapshot {mid}") from exc
+        batched = len(dirs) >= _SYNCFS_MIN_DIRS
         for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-            fsync_dir(d)
+            if not batched:
+                fsync_dir(d)
             if layout.group is not None:
                 os.chown(d, -1, layout.group)
             os.chmod(d, layout.ro_dir_mode)
+        if batched:
+            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                syncfs(fd)  # every new entry and mode at once, before the tree gets its name
+            finally:
+                os.close(fd)
         try:
             publish_dir_atomic(tmp, final)
         except StorageError:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.errors import CacheFullError, CacheIntegrityError, CacheLockTimeout, StorageError
 from slurm_bt.weights.cache_layout import (
     CacheLayout,
+    SmallBlobWriter,
     build_snapshot,
     copy_and_hash,
     copy_only,
@@ -359,6 +361,11 @@ class NodeCache:
 
     def _copy_all(self, missing: list[ManifestFile], clusters: list[ClusterCache], need: int,
                   published: list[str], progress: Callable[[int], None] | None = None) -> None:
+        small = [f for f in missing if f.size <= SMALL_BLOB_MAX_BYTES]
+        if len(small) >= SMALL_BATCH_MIN:
+            # First, before any big blob dirties the page cache: the batch's syncfs would wait for it.
+            self._copy_small(small, clusters, need, published, progress)
+            missing = [f for f in missing if f.size > SMALL_BLOB_MAX_BYTES]
         order = sorted(missing, key=lambda f: -f.size)  # big first: better balance across workers
         errors: list[BaseException] = []
         with ThreadPoolExecutor(max_workers=self.copy_workers, thread_name_prefix="stage") as pool:
@@ -371,6 +378,69 @@ class NodeCache:
                     errors.append(exc)
         if errors:
             raise errors[0]
+
+    def _copy_small(self, files: list[ManifestFile], clusters: list[ClusterCache], need: int,
+                    published: list[str], progress: Callable[[int], None] | None = None) -> None:
+        """Copy small blobs in one thread, published in batches (:class:`SmallBlobWriter`).
+
+        Why one thread and no per-blob fsync: for a 4 KiB blob the pool's hand-off, the
+        ``posix_fallocate`` and the two fsyncs of the per-blob path cost far more than the copy
+        (10,000 x 4 KiB: 6.6 s against 0.83 s for ``cp -a``). Each source is read whole into
+        memory (at most ``SMALL_BLOB_MAX_BYTES``), hashed and written from that same buffer, so the
+        hash is of the bytes written even if a tenant rewrites the source meanwhile. Blobs published
+        before a failure are added to ``published`` (the caller rolls them back).
+        """
+        for i in range(0, len(files), SMALL_BATCH_FILES):
+            current: ManifestFile | None = None
+            try:
+                with SmallBlobWriter(self.layout) as batch:
+                    try:
+                        for current in files[i:i + SMALL_BATCH_FILES]:
+                            data, trusted = self._read_small(current, clusters)
+                            batch.add(current, data, verify=not trusted)
+                            if progress is not None:
+                                progress(current.size)
+                        current = None
+                        batch.publish()
+                    finally:
+                        published.extend(batch.published)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    where = current.path if current is not None else "a batch of small files"
+                    raise CacheFullError(str(self.root), need, self._fs_free(), tier="node cache",
+                                         detail=f"disk filled while writing {where}") from exc
+                raise
+
+    def _read_small(self, f: ManifestFile, clusters: list[ClusterCache]) -> tuple[bytes, bool]:
+        """``(content, from a trusted tier)`` of a small blob from the first tier whose copy is right.
+
+        A copy of the wrong size (or, from an untrusted tier, the wrong hash) is logged and the next
+        tier tried, as :meth:`_copy_blob` does for big blobs.
+
+        Raises:
+            CacheIntegrityError: every tier holding the blob had a wrong copy.
+            StorageError: no tier has it, or a symlink/FIFO sits at its name.
+        """
+        first_error: CacheIntegrityError | None = None
+        for c in clusters:
+            try:
+                src = c.open_blob(f)
+            except FileNotFoundError:
+                continue
+            try:
+                data = os.pread(src, f.size + 1, 0)  # one byte more: a grown source is caught
+            finally:
+                os.close(src)
+            actual = f.sha256 if c.trusted_copy and len(data) == f.size else hashlib.sha256(data).hexdigest()
+            if len(data) == f.size and actual == f.sha256:
+                return data, c.trusted_copy
+            exc = CacheIntegrityError(str(c.layout.blob(f.sha256)), f.sha256, actual, f.size, len(data))
+            _log.error("rejected blob %s for %s from %s: %s", f.sha256, f.path, c.root, exc)
+            first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        raise StorageError(f.sha256, f"blob for {f.path} is in no cluster cache "
+                                     f"({', '.join(str(c.root) for c in clusters)}); stage the source first")
 
     def _copy_blob(self, f: ManifestFile, clusters: list[ClusterCache], need: int,
                    progress: Callable[[int], None] | None = None) -> bool:
@@ -755,6 +825,13 @@ class NodeCache:
         return optional_lock(self.base.lock("evict"), self.lock_options)
 
 
+#: Blobs up to this size are copied by :meth:`NodeCache._copy_small` (read whole, batched publish).
+SMALL_BLOB_MAX_BYTES = 1 << 20
+#: The batched publish is used from this many small blobs on: its ``syncfs`` flushes the whole
+#: filesystem (other writers' dirty pages too), which only pays against many per-blob fsyncs.
+SMALL_BATCH_MIN = 16
+#: Small blobs per batch: what a crash mid-copy can cost (unpublished temps), and one syncfs each.
+SMALL_BATCH_FILES = 4096
 #: Blobs at least this big are copied resumably by the node stager (smaller ones restart whole).
 RESUME_MIN_BYTES = 128 << 20
 #: How often a resumable copy makes its prefix durable and records it.
