@@ -526,16 +526,19 @@ class BlobBatch:
     each (the writer dir and ``blobs/``): journal commits, not bytes, were most of the remote ->
     cluster time (bench/weights_bench.py, small dataset). The download engine writes each verified
     small file to a temp name without fsync (:func:`slurm_bt.weights.download.fetch_small`) and
-    queues it here; :meth:`flush` then makes the whole batch durable with one ``syncfs`` *before*
-    any of it is linked under its final name, links them all, and makes the names durable with a
-    second one. A blob under its final name therefore always has durable, verified bytes; a crash
-    before the first ``syncfs`` completes leaves only temp files (the writer dir's debris), and a
-    failed ``syncfs`` publishes nothing of the batch.
+    queues it here; a flush then makes the whole batch durable with one ``syncfs`` *before* any of
+    it is linked under its final name, links them all, and makes the names durable with a second
+    one. A blob under its final name therefore always has durable, verified bytes; a crash before
+    the first ``syncfs`` completes leaves only temp files (the writer dir's debris), and a failed
+    ``syncfs`` publishes nothing of the batch.
+
+    Full batches are published by one background thread while downloads keep adding to the next
+    batch (a ``syncfs`` waits for every dirty page of the filesystem, which on a busy shared
+    filesystem can take a while); ``add`` blocks only when ``4 * max_items`` are waiting, and
+    raises the error of a failed background flush. :meth:`flush` publishes the rest and waits.
 
     The filesystem fd is opened when the batch is made, before any of its files is written: Linux
     reports a write-back error to ``syncfs`` only on descriptors opened before the error happened.
-    Thread-safe: downloads ``add`` from many threads; a full batch is flushed by the thread that
-    filled it while the others keep adding to the next one.
     """
 
     def __init__(self, blobs: Path, final_name: Callable[[str], Path], max_items: int) -> None:
@@ -543,54 +546,99 @@ class BlobBatch:
         self._final = final_name
         self._max = max(1, max_items)
         self._fd = os.open(blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
+        self._cond = threading.Condition()
         self._items: list[tuple[Path, ManifestFile]] = []
+        self._busy = False  # a flush is running (background or final)
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
         self.published = 0
 
     def add(self, path: Path, f: ManifestFile) -> None:
-        """Queue ``path`` (a verified temp file of ``f.size`` bytes, same filesystem) for ``blobs/<f.sha256>``."""
-        with self._lock:
-            self._items.append((path, f))
-            full = len(self._items) >= self._max
-        if full:
-            self.flush()
-
-    def flush(self) -> None:
-        """Publish everything queued (see the class doc for the order).
+        """Queue ``path`` (a verified temp file of ``f.size`` bytes, same filesystem) for ``blobs/<f.sha256>``.
 
         Raises:
-            StorageError: ``syncfs`` failed (nothing of the batch is published), a temp file is not
-                a regular file of the expected size, or a link failed.
+            StorageError: an earlier background flush failed (nothing of that batch was published).
         """
-        with self._flush_lock:
-            with self._lock:
-                items, self._items = self._items, []
-            if not items:
-                return
-            syncfs(self._fd)  # the bytes first: no final name may point at data still in the page cache
-            for path, f in items:
-                try:
-                    st = os.lstat(path)
-                except OSError as exc:
-                    raise StorageError(str(path), f"fetched blob vanished before publish: {exc.strerror}") from exc
-                if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
-                    raise StorageError(str(path), f"fetched {st.st_size} bytes for {f.path}, expected {f.size}")
-                final = self._final(f.sha256)
-                try:
-                    os.link(path, final)
-                    self.published += 1
-                except FileExistsError:
-                    pass  # content-addressed: the same bytes are already published
-                except OSError as exc:
-                    raise StorageError(str(final), f"cannot publish blob: {exc.strerror}") from exc
-                finally:
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-            syncfs(self._fd)  # then the names, before a manifest may list them
+        with self._cond:
+            while self._error is None and len(self._items) >= 4 * self._max:
+                self._cond.wait()  # back-pressure: the publisher is behind
+            if self._error is not None:
+                raise self._error
+            self._items.append((path, f))
+            if len(self._items) >= self._max and not self._busy:
+                self._busy = True
+                self._thread = threading.Thread(target=self._background, name="bt-blob-batch", daemon=True)
+                self._thread.start()
+
+    def _background(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if len(self._items) < self._max or self._error is not None:
+                        return
+                    items, self._items = self._items, []
+                    self._cond.notify_all()
+                self._publish(items)
+        except BaseException as exc:
+            with self._cond:
+                self._error = exc
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def flush(self) -> None:
+        """Publish everything queued and wait for it (see the class doc for the order).
+
+        Raises:
+            StorageError: ``syncfs`` failed (nothing of that batch is published), a temp file is
+                not a regular file of the expected size, or a link failed.
+        """
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+            items, self._items = self._items, []
+            self._busy = bool(items)
+        if items:
+            try:
+                self._publish(items)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _publish(self, items: list[tuple[Path, ManifestFile]]) -> None:
+        syncfs(self._fd)  # the bytes first: no final name may point at data still in the page cache
+        for path, f in items:
+            try:
+                st = os.lstat(path)
+            except OSError as exc:
+                raise StorageError(str(path), f"fetched blob vanished before publish: {exc.strerror}") from exc
+            if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
+                raise StorageError(str(path), f"fetched {st.st_size} bytes for {f.path}, expected {f.size}")
+            final = self._final(f.sha256)
+            try:
+                os.link(path, final)
+                self.published += 1
+            except FileExistsError:
+                pass  # content-addressed: the same bytes are already published
+            except OSError as exc:
+                raise StorageError(str(final), f"cannot publish blob: {exc.strerror}") from exc
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        syncfs(self._fd)  # then the names, before a manifest may list them
 
     def close(self) -> None:
-        """Drop the filesystem fd (queued items are left to the writer dir's cleanup)."""
+        """Stop: wait for a running background flush, then drop the fd (queued items are left to the
+        writer dir's cleanup)."""
+        with self._cond:
+            self._error = self._error or StorageError(str(self._blobs), "blob batch closed")
+            self._cond.notify_all()
+            while self._busy:
+                self._cond.wait()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

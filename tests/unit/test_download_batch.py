@@ -172,8 +172,13 @@ def test_batch_publishes_with_syncfs_before_the_first_link_and_after_the_last(
         for path, f in _fetch_into(cache, wdir, bodies):
             batch.add(path, f)
     assert _published(cache) == {hashlib.sha256(b).hexdigest() for b in bodies.values()}
-    # 3 batches (10, 10, 5): each is one syncfs, its links, one syncfs; never a link before its batch's syncfs.
-    assert events == (["syncfs"] + ["link"] * 10 + ["syncfs"]) * 2 + ["syncfs"] + ["link"] * 5 + ["syncfs"]
+    # Batches of at least 10 (the background publisher takes what is queued) and the rest at exit:
+    # each is one syncfs, its links, one syncfs; never a link outside that bracket.
+    batches = "".join("s" if e == "syncfs" else "l" for e in events).split("ss")
+    batches = [b.strip("s") for b in batches]
+    assert "".join(events[:1] + events[-1:]) == "syncfssyncfs"
+    assert events.count("syncfs") == 2 * len(batches) and all(b and set(b) == {"l"} for b in batches), events
+    assert sum(map(len, batches)) == 25 and all(len(b) >= 10 for b in batches[:-1])
     for sha in _published(cache):
         assert cache.layout.blob(sha).read_bytes() in bodies.values()
         assert (cache.layout.blob(sha).stat().st_mode & 0o777) == 0o444
@@ -226,7 +231,9 @@ def test_corrupted_small_object_is_rejected_and_nothing_of_it_published(tmp_path
     assert hashlib.sha256(good).hexdigest() not in published
 
 
-def test_syncfs_failure_is_an_error_and_nothing_is_published(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("max_items", [1000, 2])  # the final flush; the background publisher
+def test_syncfs_failure_is_an_error_and_nothing_is_published(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             max_items: int) -> None:
     cache = ClusterCache(tmp_path / "tier")
 
     def failing(fd: int) -> None:
@@ -234,8 +241,8 @@ def test_syncfs_failure_is_an_error_and_nothing_is_published(tmp_path: Path, mon
 
     monkeypatch.setattr(cluster_cache, "syncfs", failing)
     with pytest.raises(StorageError, match="syncfs failed"):
-        with cache.writer_dir() as wdir, cache.fetched_batch() as batch:
-            for path, f in _fetch_into(cache, wdir, _bodies(3)):
+        with cache.writer_dir() as wdir, cache.fetched_batch(max_items=max_items) as batch:
+            for path, f in _fetch_into(cache, wdir, _bodies(7)):
                 batch.add(path, f)
     assert _published(cache) == set()
     assert os.listdir(cache.layout.tmp) == []  # the writer dir and its temps are removed
