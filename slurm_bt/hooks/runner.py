@@ -70,9 +70,8 @@ def _record_fault(state_root: str, node: str, line: str) -> None:
 def _owner_from_prolog(env: SlurmHookEnv, state_root: str, log: HookLog) -> SlurmHookEnv:
     """The job's real owner when slurmd ran the epilog as "uid 0" for a job the prolog ran for someone else.
 
-    Why: Slurm 24.11 and 26.05 run the epilog of a job whose credential slurmd no longer holds
-    (its slurmd was restarted while the node was down and the job was requeued elsewhere) with
-    ``SLURM_JOB_UID=0``/``SLURM_JOB_USER=root``. Taken at its word, the epilog then looked for root's
+    Why: Slurm 26.05 runs the epilog of a job whose node was set DOWN (the job requeued elsewhere)
+    with ``SLURM_JOB_UID=0``/``SLURM_JOB_USER=root``. Taken at its word, the epilog then looked for root's
     runtime directory (the user's, with its secrets, stayed behind) and handed the user's
     checkpoints off to an upload running *as root* (docs/slurm-releases.md). The prolog's ``owner``
     note for this job on this node is root-written from the prolog's own trusted environment, so
@@ -93,8 +92,8 @@ def _owner_from_prolog(env: SlurmHookEnv, state_root: str, log: HookLog) -> Slur
         log.warning(f"slurmd gave uid 0 for job {env.job_id}; the prolog recorded uid {uid}, which has no "
                     "passwd entry here: running as uid 0")
         return env
-    log.warning(f"slurmd gave uid 0 for job {env.job_id} (it no longer holds the job's credential, e.g. "
-                f"after a slurmd restart); the prolog recorded uid {uid} ({pw.pw_name}): the epilog works for them")
+    log.warning(f"slurmd gave uid 0 for job {env.job_id} (as Slurm 26.05 does when a job's node was set DOWN); "
+                f"the prolog recorded uid {uid} ({pw.pw_name}): the epilog works for them")
     return dataclasses.replace(env, uid=uid, gid=gid, user=pw.pw_name, home=pw.pw_dir)
 
 
