@@ -130,6 +130,18 @@ class _CountingStream:
         self._progress.add(len(data))
         return data
 
+    def readinto(self, buf: memoryview) -> int:
+        """The download engine reads big bodies into its own buffer when the stream can (_http.py)."""
+        inner = getattr(self._inner, "readinto", None)
+        if inner is None:
+            data = self._inner.read(len(buf))
+            buf[:len(data)] = data
+            n = len(data)
+        else:
+            n = int(inner(buf))
+        self._progress.add(n)
+        return n
+
     def close(self) -> None:
         self._inner.close()
 
