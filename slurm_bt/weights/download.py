@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -427,6 +428,33 @@ def fetch_file(
         raise
 
 
+def _create_fanned(dest_dir: Path, sha256: str) -> tuple[Path, int]:
+    """Create :func:`fetch_small`'s temp file in ``dest_dir/.fan-<first hex digit>``; (path, fd).
+
+    Why: creating files is serialized per directory (and its inode group): on the bench VM's ext4,
+    16 threads creating 4 KiB files in one directory managed one per ~0.6 ms, spread over 16
+    directories one per ~0.18 ms, and 10,000 small files in one writer dir spent seconds there.
+    The subdirectory is made on first use (no extra system call per file) with ``dest_dir``'s
+    permission bits (a teammate's collector may empty a team tier's writer dir,
+    cluster_cache.ClusterCache.writer_dir) and goes with ``dest_dir``'s tree.
+    """
+    sub = dest_dir / f".fan-{sha256[0]}"
+    tmp = temp_name(sub / sha256)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            return tmp, os.open(tmp, flags, 0o600)
+        except FileNotFoundError:
+            try:
+                os.mkdir(sub, 0o700)
+                os.chmod(sub, stat.S_IMODE(os.stat(dest_dir).st_mode))
+            except FileExistsError:
+                pass  # another thread made it
+            return tmp, os.open(tmp, flags, 0o600)
+    except OSError as exc:
+        raise StorageError(str(tmp), f"cannot create temp file: {exc.strerror}") from exc
+
+
 def fetch_small(
     source: Backend,
     file: ManifestFile | RemoteFile,
@@ -492,11 +520,7 @@ def fetch_small(
         assert isinstance(file, RemoteFile)
         side.update(bytes(buf))
         _check_origin(source, file, check, side.hexdigest(), published=True)
-    tmp = temp_name(dest_dir / actual)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise StorageError(str(tmp), f"cannot create temp file: {exc.strerror}") from exc
+    tmp, fd = _create_fanned(dest_dir, actual)
     try:
         view = memoryview(buf)
         while view:

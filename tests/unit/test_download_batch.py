@@ -78,6 +78,10 @@ def _remote(path: str, body: bytes, **kw: Any) -> RemoteFile:
                       checksums=(OriginChecksum("git-sha1", git_blob_sha1(body), "git blob id"),), **kw)
 
 
+def _files(root: Path) -> list[Path]:
+    return sorted(Path(d) / f for d, _, names in os.walk(root) for f in names)
+
+
 def _bodies(n: int, size: int = 4096) -> dict[str, bytes]:
     rnd = random.Random(n)
     return {f"f/{i:04d}.txt": rnd.randbytes(size) for i in range(n)}
@@ -90,9 +94,10 @@ def test_fetch_small_writes_verified_bytes_to_a_temp_name_only(tmp_path: Path) -
     body = random.Random(1).randbytes(5000)
     got = fetch_small(Source({"a": body}), _remote("a", body), tmp_path, options=OPTS)
     assert got.sha256 == hashlib.sha256(body).hexdigest() and got.path is not None
-    assert got.path.parent == tmp_path and got.path.name != got.sha256  # not published: a temp name
+    assert got.path.parent.parent == tmp_path and got.path.name != got.sha256  # not published: a temp name
+    assert got.path.parent.name == f".fan-{got.sha256[0]}"  # creations spread over 16 subdirectories
     assert got.path.read_bytes() == body and (got.path.stat().st_mode & 0o777) == 0o444
-    assert os.listdir(tmp_path) == [got.path.name]
+    assert _files(tmp_path) == [got.path]
 
 
 @pytest.mark.parametrize("honour_range", [True, False])
@@ -202,7 +207,7 @@ def test_crash_between_write_and_link_leaves_no_blob_under_its_final_name(tmp_pa
     assert _published(cache) == set()
     writers = os.listdir(cache.layout.tmp)  # the dead writer's debris, which gc_temp collects
     assert len(writers) == 1
-    assert len(os.listdir(cache.layout.tmp / writers[0])) == 5
+    assert len(_files(cache.layout.tmp / writers[0])) == 5
     cache.gc_temp(older_than_s=0)
     assert os.listdir(cache.layout.tmp) == []
 
@@ -224,7 +229,7 @@ def test_corrupted_small_object_is_rejected_and_nothing_of_it_published(tmp_path
             got = fetch_small(src, rf, wdir, options=OPTS)
             assert got.path is not None
             batch.add(got.path, ManifestFile(path=path, size=len(body), sha256=got.sha256))
-        assert len(os.listdir(wdir)) == 3  # no temp file of the corrupted one either
+        assert len(_files(wdir)) == 3  # no temp file of the corrupted one either
     published = _published(cache)
     assert len(published) == 3
     assert hashlib.sha256(served[bad_path]).hexdigest() not in published
