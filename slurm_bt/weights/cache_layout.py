@@ -509,6 +509,61 @@ def _link_noreplace(tmp: Path | str, final: Path | str) -> bool:
     return True
 
 
+def publish_blob_batch(sync_fd: int, temps: list[tuple[str, str, int]], blobs: str,
+                       published: list[str] | None = None) -> list[str]:
+    """Name a batch of written, verified temp blobs ``blobs/<sha256>`` with one ``syncfs`` and one dir fsync.
+
+    The one batch publish of both tiers (the node copy's :class:`SmallBlobWriter`, the download
+    engine's :class:`slurm_bt.weights.cluster_cache.BlobBatch`). Order: ``syncfs(sync_fd)`` first,
+    so no final name can point at bytes still in the page cache (a failed ``syncfs`` publishes
+    nothing); then each temp, checked to be a regular file of its expected size (a temp swapped
+    after it was written is refused), is linked to its name without replacing one (content
+    addressing: an existing blob is the same bytes); last one fsync of ``blobs/`` makes the names
+    durable before a snapshot or COMPLETE marker may list them. Every temp of the batch is gone
+    afterwards, published or not.
+
+    Args:
+        sync_fd: a descriptor on the temps' filesystem opened *before* they were written (Linux
+            reports a write-back error to ``syncfs`` only on descriptors opened before it happened).
+        temps: ``(temp path, sha256, size)`` per blob, on the same filesystem as ``blobs``.
+        published: the list the sha256 of each blob this call names is appended to as it is
+            named (so a caller that rolls back after an error knows what was published).
+
+    Returns:
+        ``published`` (a new list when not given).
+
+    Raises:
+        StorageError: ``syncfs`` failed, a temp is not what was written, or a link failed (blobs
+            linked before it stay: their bytes are durable and verified).
+    """
+    published = [] if published is None else published
+    if not temps:
+        return published
+    named = len(published)
+    try:
+        syncfs(sync_fd)
+        for path, sha, size in temps:
+            try:
+                st = os.lstat(path)
+            except OSError as exc:
+                raise StorageError(path, f"temp blob vanished before publish: {exc.strerror}") from exc
+            if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+                raise StorageError(path, f"temp blob is not the {size} bytes written for {sha}")
+            final = os.path.join(blobs, sha)
+            try:
+                if _link_noreplace(path, final):
+                    published.append(sha)
+            except OSError as exc:
+                raise StorageError(final, f"cannot publish blob: {exc.strerror}") from exc
+    finally:
+        for path, _sha, _size in temps:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if len(published) > named:
+            fsync_dir(Path(blobs))
+    return published
+
+
 class SmallBlobWriter:
     """Publish a batch of small blobs with one ``syncfs`` and one directory fsync, not two fsyncs each.
 
@@ -542,7 +597,7 @@ class SmallBlobWriter:
         self._mode = layout.blob_mode
         # The mode given to open() is masked by the umask; fchmod only when that would change it.
         self._fchmod = layout.group is not None or bool(_current_umask() & self._mode)
-        self._temps: list[tuple[str, str]] = []
+        self._temps: list[tuple[str, str, int]] = []
         self._fd = os.open(layout.tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
     def __enter__(self) -> SmallBlobWriter:
@@ -571,7 +626,7 @@ class SmallBlobWriter:
             raise CacheIntegrityError(os.path.join(self._blobs, f.sha256), f.sha256, actual, f.size, len(data))
         path = os.path.join(self._tmp_dir, f"{len(self._temps)}-{self._base}")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, self._mode)
-        self._temps.append((path, f.sha256))
+        self._temps.append((path, f.sha256, f.size))
         try:
             view = memoryview(data)
             while view:
@@ -592,29 +647,12 @@ class SmallBlobWriter:
             StorageError: ``syncfs`` failed (nothing of the batch is published) or a link failed
                 (those linked before stay: their bytes are durable and verified).
         """
-        if not self._temps:
-            return []
-        syncfs(self._fd)  # the bytes first: no final name may point at data still in the page cache
         temps, self._temps = self._temps, []
-        try:
-            for i, (path, sha) in enumerate(temps):
-                final = os.path.join(self._blobs, sha)
-                try:
-                    if _link_noreplace(path, final):
-                        self.published.append(sha)
-                except OSError as exc:
-                    self._temps = temps[i:]  # close() removes what is left
-                    raise StorageError(final, f"cannot publish blob: {exc.strerror}") from exc
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-        finally:
-            if self.published:
-                fsync_dir(self.layout.blobs)  # the names, before a snapshot or marker may use them
-        return self.published
+        return publish_blob_batch(self._fd, temps, self._blobs, self.published)
 
     def close(self) -> None:
         """Remove the temps not published and drop the directory fd; idempotent."""
-        for path, _sha in self._temps:
+        for path, _sha, _size in self._temps:
             with contextlib.suppress(OSError):
                 os.unlink(path)
         self._temps = []

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_bt.atomic import fsync_dir, syncfs, write_file_atomic
+from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.errors import StorageError
 from slurm_bt.posix.safefs import remove_owned_tree
 from slurm_bt.storage.checksums import sha256_fd
@@ -45,6 +45,7 @@ from slurm_bt.weights.cache_layout import (
     copy_and_hash,
     open_regular,
     parse_tmp_name,
+    publish_blob_batch,
     publish_blob_file,
     remove_tree,
     tmp_name,
@@ -381,7 +382,7 @@ class ClusterCache:
         which :meth:`writer_dir` removes).
         """
         self.layout.ensure(dir_mode=self.dir_mode)
-        batch = BlobBatch(self.layout.blobs, self.layout.blob, max_items)
+        batch = BlobBatch(self.layout.blobs, max_items)
         try:
             yield batch
             batch.flush()
@@ -520,17 +521,17 @@ class ClusterCache:
 
 
 class BlobBatch:
-    """Publish many small fetched blobs with two ``syncfs`` instead of two fsyncs each.
+    """Publish many small fetched blobs in batches (:func:`~slurm_bt.weights.cache_layout.publish_blob_batch`).
 
     Why: 10,000 small files published one by one cost an fsync of the file and of two directories
     each (the writer dir and ``blobs/``): journal commits, not bytes, were most of the remote ->
     cluster time (bench/weights_bench.py, small dataset). The download engine writes each verified
     small file to a temp name without fsync (:func:`slurm_bt.weights.download.fetch_small`) and
     queues it here; a flush then makes the whole batch durable with one ``syncfs`` *before* any of
-    it is linked under its final name, links them all, and makes the names durable with a second
-    one. A blob under its final name therefore always has durable, verified bytes; a crash before
-    the first ``syncfs`` completes leaves only temp files (the writer dir's debris), and a failed
-    ``syncfs`` publishes nothing of the batch.
+    it is linked under its final name, links them all, and makes the names durable with one fsync
+    of ``blobs/`` (the same publish as the node copy's). A blob under its final name therefore
+    always has durable, verified bytes; a crash before the ``syncfs`` completes leaves only temp
+    files (the writer dir's debris), and a failed ``syncfs`` publishes nothing of the batch.
 
     Full batches are published by one background thread while downloads keep adding to the next
     batch (a ``syncfs`` waits for every dirty page of the filesystem, which on a busy shared
@@ -541,9 +542,8 @@ class BlobBatch:
     reports a write-back error to ``syncfs`` only on descriptors opened before the error happened.
     """
 
-    def __init__(self, blobs: Path, final_name: Callable[[str], Path], max_items: int) -> None:
+    def __init__(self, blobs: Path, max_items: int) -> None:
         self._blobs = blobs
-        self._final = final_name
         self._max = max(1, max_items)
         self._fd = os.open(blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._cond = threading.Condition()
@@ -610,26 +610,9 @@ class BlobBatch:
                     self._cond.notify_all()
 
     def _publish(self, items: list[tuple[Path, ManifestFile]]) -> None:
-        syncfs(self._fd)  # the bytes first: no final name may point at data still in the page cache
-        for path, f in items:
-            try:
-                st = os.lstat(path)
-            except OSError as exc:
-                raise StorageError(str(path), f"fetched blob vanished before publish: {exc.strerror}") from exc
-            if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
-                raise StorageError(str(path), f"fetched {st.st_size} bytes for {f.path}, expected {f.size}")
-            final = self._final(f.sha256)
-            try:
-                os.link(path, final)
-                self.published += 1
-            except FileExistsError:
-                pass  # content-addressed: the same bytes are already published
-            except OSError as exc:
-                raise StorageError(str(final), f"cannot publish blob: {exc.strerror}") from exc
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-        syncfs(self._fd)  # then the names, before a manifest may list them
+        named = publish_blob_batch(self._fd, [(str(path), f.sha256, f.size) for path, f in items],
+                                   str(self._blobs))
+        self.published += len(named)
 
     def close(self) -> None:
         """Stop: wait for a running background flush, then drop the fd (queued items are left to the

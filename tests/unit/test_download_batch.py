@@ -1,8 +1,8 @@
 """Remote -> cluster cache at the native clients' speed without giving up verification (issue 14, item 2).
 
 * small files: :func:`fetch_small` verifies in memory before writing, :class:`BlobBatch` publishes a
-  batch with one ``syncfs`` before any final name and one after: a crash, a corrupted object or a
-  failed ``syncfs`` leaves nothing under a final name;
+  batch with one ``syncfs`` before any final name and one fsync of ``blobs/`` after: a crash, a
+  corrupted object or a failed ``syncfs`` leaves nothing under a final name;
 * S3 presigning: :class:`_FastPresigner` signs byte-identically to botocore or is not used.
 
 The loopback-server versions (SeaweedFS, fake Hub) are tests/integration/test_sources_s3.py,
@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from slurm_bt.errors import IntegrityError, SourceUnavailableError, StorageError
 from slurm_bt.storage.base import Listing, RemoteFile, TransportOptions
 from slurm_bt.storage.checksums import OriginChecksum, git_blob_sha1
 from slurm_bt.storage.url import StorageUrl
-from slurm_bt.weights import cluster_cache
+from slurm_bt.weights import cache_layout, cluster_cache
 from slurm_bt.weights.cluster_cache import ClusterCache
 from slurm_bt.weights.download import DownloadOptions, fetch_small
 from slurm_bt.weights.manifest import ManifestFile
@@ -164,8 +165,9 @@ def test_batch_publishes_with_syncfs_before_the_first_link_and_after_the_last(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = ClusterCache(tmp_path / "tier")
     events: list[str] = []
-    real_syncfs, real_link = cluster_cache.syncfs, os.link
-    monkeypatch.setattr(cluster_cache, "syncfs", lambda fd: (events.append("syncfs"), real_syncfs(fd))[1])
+    real_syncfs, real_link, real_dirsync = cache_layout.syncfs, os.link, cache_layout.fsync_dir
+    monkeypatch.setattr(cache_layout, "syncfs", lambda fd: (events.append("syncfs"), real_syncfs(fd))[1])
+    monkeypatch.setattr(cache_layout, "fsync_dir", lambda d: (events.append("dirsync"), real_dirsync(d))[1])
 
     def link(src: Any, dst: Any) -> None:
         events.append("link")
@@ -178,11 +180,10 @@ def test_batch_publishes_with_syncfs_before_the_first_link_and_after_the_last(
             batch.add(path, f)
     assert _published(cache) == {hashlib.sha256(b).hexdigest() for b in bodies.values()}
     # Batches of at least 10 (the background publisher takes what is queued) and the rest at exit:
-    # each is one syncfs, its links, one syncfs; never a link outside that bracket.
-    batches = "".join("s" if e == "syncfs" else "l" for e in events).split("ss")
-    batches = [b.strip("s") for b in batches]
-    assert "".join(events[:1] + events[-1:]) == "syncfssyncfs"
-    assert events.count("syncfs") == 2 * len(batches) and all(b and set(b) == {"l"} for b in batches), events
+    # each is one syncfs (the bytes), its links, one fsync of blobs/ (the names); never a link outside.
+    trace = "".join({"syncfs": "s", "link": "l", "dirsync": "d"}[e] for e in events)
+    batches = [b[1:-1] for b in re.findall(r"sl+d", trace)]
+    assert "".join(f"s{b}d" for b in batches) == trace, events
     assert sum(map(len, batches)) == 25 and all(len(b) >= 10 for b in batches[:-1])
     for sha in _published(cache):
         assert cache.layout.blob(sha).read_bytes() in bodies.values()
@@ -196,7 +197,7 @@ def test_crash_between_write_and_link_leaves_no_blob_under_its_final_name(tmp_pa
     pid = os.fork()
     if pid == 0:  # the stager: writes every temp file, then dies where the batch would publish
         try:
-            cluster_cache.syncfs = lambda fd: os._exit(9)
+            cache_layout.syncfs = lambda fd: os._exit(9)
             with cache.writer_dir() as wdir, cache.fetched_batch() as batch:
                 for path, f in _fetch_into(cache, wdir, bodies):
                     batch.add(path, f)
@@ -244,7 +245,7 @@ def test_syncfs_failure_is_an_error_and_nothing_is_published(tmp_path: Path, mon
     def failing(fd: int) -> None:
         raise StorageError(f"/proc/self/fd/{fd}", "syncfs failed: Input/output error")
 
-    monkeypatch.setattr(cluster_cache, "syncfs", failing)
+    monkeypatch.setattr(cache_layout, "syncfs", failing)
     with pytest.raises(StorageError, match="syncfs failed"):
         with cache.writer_dir() as wdir, cache.fetched_batch(max_items=max_items) as batch:
             for path, f in _fetch_into(cache, wdir, _bodies(7)):
@@ -259,7 +260,7 @@ def test_batch_refuses_a_temp_file_swapped_for_another_size(tmp_path: Path) -> N
         (path, f), = _fetch_into(cache, wdir, _bodies(1))
         path.chmod(0o644)
         path.write_bytes(b"short")
-        with pytest.raises(StorageError, match="expected 4096"):
+        with pytest.raises(StorageError, match="not the 4096 bytes"):
             with cache.fetched_batch() as batch:
                 batch.add(path, f)
     assert _published(cache) == set()
