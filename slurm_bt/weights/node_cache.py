@@ -46,6 +46,7 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.errors import CacheFullError, CacheIntegrityError, CacheLockTimeout, StorageError
@@ -81,6 +82,7 @@ __all__ = ["NodeAudience", "NodeCache", "set_dir_owner_mode",
 _DEFAULT_FS_SHARE = 0.9
 
 _log = logging.getLogger("slurm_bt.weights.cache")
+_T = TypeVar("_T")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_+.-]{0,63}$")
 _TEAM = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _PENDING = ".manifest.json"
@@ -415,52 +417,21 @@ class NodeCache:
         """``(content, from a trusted tier)`` of a small blob from the first tier whose copy is right.
 
         A copy of the wrong size (or, from an untrusted tier, the wrong hash) is logged and the next
-        tier tried, as :meth:`_copy_blob` does for big blobs.
-
-        Raises:
-            CacheIntegrityError: every tier holding the blob had a wrong copy.
-            StorageError: no tier has it, or a symlink/FIFO sits at its name.
+        tier tried, as for big blobs (:func:`_from_first_good_tier`).
         """
-        first_error: CacheIntegrityError | None = None
-        for c in clusters:
-            try:
-                src = c.open_blob(f)
-            except FileNotFoundError:
-                continue
-            try:
-                data = os.pread(src, f.size + 1, 0)  # one byte more: a grown source is caught
-            finally:
-                os.close(src)
+
+        def read(src: int, c: ClusterCache) -> tuple[bytes, bool]:
+            data = os.pread(src, f.size + 1, 0)  # one byte more: a grown source is caught
             actual = f.sha256 if c.trusted_copy and len(data) == f.size else hashlib.sha256(data).hexdigest()
-            if len(data) == f.size and actual == f.sha256:
-                return data, c.trusted_copy
-            exc = CacheIntegrityError(str(c.layout.blob(f.sha256)), f.sha256, actual, f.size, len(data))
-            _log.error("rejected blob %s for %s from %s: %s", f.sha256, f.path, c.root, exc)
-            first_error = first_error or exc
-        if first_error is not None:
-            raise first_error
-        raise StorageError(f.sha256, f"blob for {f.path} is in no cluster cache "
-                                     f"({', '.join(str(c.root) for c in clusters)}); stage the source first")
+            if len(data) != f.size or actual != f.sha256:
+                raise CacheIntegrityError(str(c.layout.blob(f.sha256)), f.sha256, actual, f.size, len(data))
+            return data, c.trusted_copy
+
+        return _from_first_good_tier(f, clusters, read)
 
     def _copy_blob(self, f: ManifestFile, clusters: list[ClusterCache], need: int,
                    progress: Callable[[int], None] | None = None) -> bool:
-        first_error: CacheIntegrityError | None = None
-        for c in clusters:
-            try:
-                src = c.open_blob(f)
-            except FileNotFoundError:
-                continue
-            try:
-                return self._copy_from(src, f, need, c, progress)
-            except CacheIntegrityError as exc:
-                _log.error("rejected blob %s for %s from %s: %s", f.sha256, f.path, c.root, exc)
-                first_error = first_error or exc
-            finally:
-                os.close(src)
-        if first_error is not None:
-            raise first_error
-        raise StorageError(f.sha256, f"blob for {f.path} is in no cluster cache "
-                                     f"({', '.join(str(c.root) for c in clusters)}); stage the source first")
+        return _from_first_good_tier(f, clusters, lambda src, c: self._copy_from(src, f, need, c, progress))
 
     def _copy_from(self, src: int, f: ManifestFile, need: int, cluster: ClusterCache,
                    progress: Callable[[int], None] | None = None) -> bool:
@@ -836,6 +807,36 @@ SMALL_BATCH_FILES = 4096
 RESUME_MIN_BYTES = 128 << 20
 #: How often a resumable copy makes its prefix durable and records it.
 _MARK_EVERY_BYTES = 256 << 20
+
+
+def _from_first_good_tier(f: ManifestFile, clusters: list[ClusterCache],
+                          use: Callable[[int, ClusterCache], _T]) -> _T:
+    """``use(fd, tier)`` on the blob of ``f`` in the first tier that has a right copy (tiers in order).
+
+    A tier whose copy ``use`` rejects (:class:`CacheIntegrityError`: wrong size or hash) is logged
+    and the next one tried; the descriptor is closed after each try.
+
+    Raises:
+        CacheIntegrityError: every tier holding the blob had a wrong copy (the first error).
+        StorageError: no tier has it, or a symlink/FIFO sits at its name.
+    """
+    first_error: CacheIntegrityError | None = None
+    for c in clusters:
+        try:
+            src = c.open_blob(f)
+        except FileNotFoundError:
+            continue
+        try:
+            return use(src, c)
+        except CacheIntegrityError as exc:
+            _log.error("rejected blob %s for %s from %s: %s", f.sha256, f.path, c.root, exc)
+            first_error = first_error or exc
+        finally:
+            os.close(src)
+    if first_error is not None:
+        raise first_error
+    raise StorageError(f.sha256, f"blob for {f.path} is in no cluster cache "
+                                 f"({', '.join(str(c.root) for c in clusters)}); stage the source first")
 
 
 def _mark_path(partial: Path) -> Path:

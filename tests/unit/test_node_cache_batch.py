@@ -15,10 +15,9 @@ from slurm_bt.errors import CacheFullError, CacheIntegrityError, StorageError
 from slurm_bt.weights import cache_layout, node_cache
 from slurm_bt.weights.cache_layout import SmallBlobWriter, copy_and_hash, hash_prefix
 from slurm_bt.weights.cluster_cache import ClusterCache
-from slurm_bt.weights.manifest import Manifest
 from slurm_bt.weights.node_cache import SMALL_BATCH_MIN, NodeCache
-from tests.unit.test_cache_node import _tmpfs
-from tests.unit.test_cache_support import DirFetcher, allow, make_manifest, random_bytes, write_origin
+from tests.unit.test_cache_node import _cluster, _tmpfs
+from tests.unit.test_cache_support import allow, make_manifest, random_bytes
 
 MiB = 1 << 20
 
@@ -26,15 +25,6 @@ MiB = 1 << 20
 def _small_files(n: int, size: int = 4096, seed: int = 0) -> dict[str, bytes]:
     """``n`` distinct small files over several folders (a tokenizer/vocab tree)."""
     return {f"vocab/{i // 10:03d}/{i:05d}.txt": random_bytes(size, seed * 100_000 + i) for i in range(n)}
-
-
-def _cluster(tmp_path: Path, files: dict[str, bytes], name: str = "c") -> tuple[ClusterCache, Manifest]:
-    origin = tmp_path / f"origin-{name}"
-    write_origin(origin, files)
-    c = ClusterCache(tmp_path / name)
-    m = make_manifest(files, source=f"hf://org/{name}")
-    c.ensure(m, DirFetcher(origin), authorize=allow)
-    return c, m
 
 
 def _blob_names(n: NodeCache) -> set[str]:
