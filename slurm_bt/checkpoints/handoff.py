@@ -281,6 +281,17 @@ def _resume_entry(root: Path, root_fd: int, name: str, lock_fd: int, timeout_s: 
         uid, gid = int(record["uid"]), int(record["gid"])
     except (KeyError, TypeError, ValueError):
         return HandoffOutcome(name, "skipped", "handoff.json has no valid uid/gid")
+    if uid == 0 and (owner := _data_owner(data)) not in (None, 0):
+        # An epilog that was told uid 0 for a user's job (Slurm 26.05 after its node was set DOWN,
+        # before the hooks took the prolog's record: docs/slurm-releases.md) recorded the user's
+        # checkpoints as root's. Never upload a user's files as root: quarantined for an admin.
+        why = (f"recorded for uid 0 but its data belongs to uid {owner}: not uploaded as root; an admin sets "
+               f"uid/gid in the entry's handoff.json to that user's and runs `slurm-bt checkpoints "
+               f"resume-handoffs --retry-quarantined`, or removes the entry")
+        _write_status(lock_fd, {"failures": policy.max_failures, "signature": "root-record-user-data",
+                                "error": why, "quarantined": True, "user": record.get("user"),
+                                "updated": time.time(), "since": status.get("since", time.time())})
+        return HandoffOutcome(name, "quarantined", why)
     env = {"PATH": "/usr/bin:/bin"}
     if os.environ.get("SLURM_BT_SITE_CONFIG"):
         env["SLURM_BT_SITE_CONFIG"] = os.environ["SLURM_BT_SITE_CONFIG"]
@@ -304,6 +315,14 @@ def _resume_entry(root: Path, root_fd: int, name: str, lock_fd: int, timeout_s: 
     if res.get("gone"):
         return HandoffOutcome(name, "removed", f"nothing left to upload: {data} no longer exists{left}")
     return HandoffOutcome(name, "uploaded", f"{len(res.get('uploaded', []))} checkpoint(s) in {took:.1f} s{left}")
+
+
+def _data_owner(data: Path) -> int | None:
+    """The uid owning ``data`` (not following a symlink), or None when it is gone."""
+    try:
+        return os.lstat(data).st_uid
+    except OSError:
+        return None
 
 
 def _disk_usage(root_fd: int, name: str, deadline: float) -> int:

@@ -511,3 +511,20 @@ def test_prolog_removes_scratch_kept_for_a_hand_off_past_max_age(site: hp.Site, 
     assert (root / "922" / "mnt" / "checkpoints" / "c" / "w.bin").is_file() and (records / "922.json").exists()
     log = (site.base / "log" / "hooks.log").read_text()
     assert f"stale scratch {root}/920 (kept for a hand-off past max_age_s): removed" in log
+
+
+@root_only
+def test_a_root_record_of_a_users_data_is_quarantined_never_uploaded_as_root(tmp_path: Path) -> None:
+    """What a 26.05 epilog told uid 0 for a user's job left behind: the user's checkpoints recorded as root's."""
+    area = tmp_path / "checkpoint-handoff"
+    _entry(area, "11.n1", 0, time.time() - 60, 64)
+    os.chown(area / "11.n1" / "data", 1001, 1001)
+    [o] = resume_handoffs(root=area, policy=HandoffPolicy())
+    assert o.status == "quarantined" and "belongs to uid 1001: not uploaded as root" in o.message, o
+    assert (area / "11.n1" / "data" / "blob").is_file()  # kept for the admin
+    status = json.loads((area / "11.n1" / STATUS_NAME).read_text())
+    assert status["quarantined"] is True and status["signature"] == "root-record-user-data"
+    # A root job's own data (root-owned) is not affected by the rule.
+    _entry(area, "12.n1", 0, time.time() - 60, 64)
+    outcomes = {o.entry: o for o in resume_handoffs(root=area, policy=HandoffPolicy())}
+    assert "not uploaded as root" not in outcomes["12.n1"].message, outcomes["12.n1"]
