@@ -488,6 +488,11 @@ def publish_blob_file(tmp: Path, fd: int, final: Path, f: ManifestFile, actual_s
     return True
 
 
+#: ``link(2)`` errors meaning "no hard link here" (a few FUSE mounts, filesystems without them, a full
+#: link count), where the callers fall back to another way of naming the file.
+_NO_HARD_LINK = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK)
+
+
 def _link_noreplace(tmp: Path | str, final: Path | str) -> bool:
     """Give the file at ``tmp`` the name ``final`` unless that exists; True when this call named it.
 
@@ -501,7 +506,7 @@ def _link_noreplace(tmp: Path | str, final: Path | str) -> bool:
     except FileExistsError:
         return False
     except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+        if exc.errno not in _NO_HARD_LINK:
             raise
     if os.path.lexists(final):
         return False
@@ -607,6 +612,7 @@ class SmallBlobWriter:
         self.close()
 
     def __len__(self) -> int:
+        """Blobs written and not yet published."""
         return len(self._temps)
 
     def add(self, f: ManifestFile, data: bytes, *, verify: bool = True) -> None:
@@ -671,8 +677,8 @@ def _current_umask() -> int:
     return 0o777  # unknown: assume the worst, so fchmod always runs
 
 
-def _link_or_copy(blob: Path | str, dst: Path | str, layout: CacheLayout) -> bool:
-    """Hard-link ``blob`` at ``dst``, else (another filesystem, no hard links) copy it; True when copied.
+def _link_or_copy(blob: Path | str, dst: Path | str, layout: CacheLayout) -> None:
+    """Hard-link ``blob`` at ``dst``, else (another filesystem, no hard links) copy it.
 
     A copy is fsynced here; a link needs only its directory flushed, which the caller does.
 
@@ -681,9 +687,9 @@ def _link_or_copy(blob: Path | str, dst: Path | str, layout: CacheLayout) -> boo
     """
     try:
         os.link(blob, dst)
-        return False
+        return
     except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+        if exc.errno not in (errno.EXDEV, *_NO_HARD_LINK):
             raise
     src_fd = open_regular(Path(blob))
     try:
@@ -699,7 +705,6 @@ def _link_or_copy(blob: Path | str, dst: Path | str, layout: CacheLayout) -> boo
             os.close(dst_fd)
     finally:
         os.close(src_fd)
-    return True
 
 
 #: A snapshot with more directories than this is made durable with one ``syncfs`` instead of an

@@ -550,7 +550,6 @@ class BlobBatch:
         self._items: list[tuple[Path, ManifestFile]] = []
         self._busy = False  # a flush is running (background or final)
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
         self.published = 0
 
     def add(self, path: Path, f: ManifestFile) -> None:
@@ -567,8 +566,8 @@ class BlobBatch:
             self._items.append((path, f))
             if len(self._items) >= self._max and not self._busy:
                 self._busy = True
-                self._thread = threading.Thread(target=self._background, name="bt-blob-batch", daemon=True)
-                self._thread.start()
+                # Not joined: flush() and close() wait on _busy, which the thread clears last.
+                threading.Thread(target=self._background, name="bt-blob-batch", daemon=True).start()
 
     def _background(self) -> None:
         try:
