@@ -26,10 +26,10 @@ must be boto3 anyway:
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import hmac
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -44,6 +44,7 @@ from slurm_bt.storage.transfer import UploadOptions
 from slurm_bt.storage.url import StorageUrl
 
 if TYPE_CHECKING:
+    from slurm_bt.storage._http import SmallGets
     from slurm_bt.storage.s3_upload import S3Uploader
 
 __all__ = ["ClientSettings", "S3Backend", "client_settings"]
@@ -124,6 +125,10 @@ class _FastPresigner:
         self._region = region
         self._credentials = credentials  # botocore credentials (refreshable ones refresh on freeze)
         self._key_cache: tuple[tuple[str, str], bytes] | None = None
+        self._path = urlsplit(base).path
+        self._encoded = {k: quote(k, safe=_QS_SAFE) for k, _ in params}
+        self._encoded_values = {k: quote(v, safe=_QS_SAFE) for k, v in params}
+        self._stamp: tuple[int, str] = (-1, "")
 
     @classmethod
     def probe(cls, client: Any, session: Any, bucket: str, signed: bool) -> _FastPresigner | Literal[False]:
@@ -160,9 +165,17 @@ class _FastPresigner:
             return cached[1]
         key = ("AWS4" + secret).encode()
         for part in (day, self._region, "s3", "aws4_request"):
-            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+            key = hmac.digest(key, part.encode(), "sha256")
         self._key_cache = ((secret, day), key)
         return key
+
+    def _now(self) -> str:
+        """The SigV4 timestamp, formatted once per second (not once per URL)."""
+        now = int(time.time())
+        cached = self._stamp
+        if cached[0] != now:
+            cached = self._stamp = (now, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)))
+        return cached[1]
 
     def url(self, key: str, *, amz_date: str | None = None) -> str:
         """The presigned GET URL of ``key`` (valid for the probe's ``X-Amz-Expires``)."""
@@ -170,7 +183,7 @@ class _FastPresigner:
         if self._credentials is None:
             return self._base + path_key
         creds = self._credentials.get_frozen_credentials()
-        stamp = amz_date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stamp = amz_date or self._now()
         day = stamp[:8]
         values = {"X-Amz-Date": stamp,
                   "X-Amz-Credential": f"{creds.access_key}/{day}/{self._region}/s3/aws4_request"}
@@ -181,13 +194,15 @@ class _FastPresigner:
             params = [(k, v) for k, v in params if k != "X-Amz-Security-Token"]
             if creds.token:
                 params.append(("X-Amz-Security-Token", creds.token))
-        encoded = [(quote(k, safe=_QS_SAFE), quote(v, safe=_QS_SAFE)) for k, v in params]
+        # Only the per-URL values need quoting; the others were quoted once (_encoded).
+        names, fixed = self._encoded, self._encoded_values
+        encoded = [(names.get(k) or quote(k, safe=_QS_SAFE), quote(v, safe=_QS_SAFE) if k in values else fixed[k])
+                   for k, v in params]
         canonical_qs = "&".join(f"{k}={v}" for k, v in sorted(encoded))
-        path = urlsplit(self._base).path + path_key
-        canonical = f"GET\n{path}\n{canonical_qs}\nhost:{self._host}\n\nhost\nUNSIGNED-PAYLOAD"
+        canonical = f"GET\n{self._path}{path_key}\n{canonical_qs}\nhost:{self._host}\n\nhost\nUNSIGNED-PAYLOAD"
         to_sign = (f"AWS4-HMAC-SHA256\n{stamp}\n{day}/{self._region}/s3/aws4_request\n"
                    f"{hashlib.sha256(canonical.encode()).hexdigest()}")
-        sig = hmac.new(self._signing_key(creds.secret_key, day), to_sign.encode(), hashlib.sha256).hexdigest()
+        sig = hmac.digest(self._signing_key(creds.secret_key, day), to_sign.encode(), "sha256").hex()
         query = "&".join(f"{k}={v}" for k, v in encoded)
         return f"{self._base}{path_key}?{query}&X-Amz-Signature={sig}"
 
@@ -229,10 +244,12 @@ class S3Backend(Backend):
         self._fast: _FastPresigner | Literal[False] | None = None  # None: not probed yet; False: botocore
         self._fast_lock = threading.RLock()  # _get_url's probe makes the presign client under it
         self._presigner: Any = None
+        self._small: SmallGets | None = None
         if endpoints.s3_data_plane == "presigned":
-            from slurm_bt.storage._http import make_pool
+            from slurm_bt.storage._http import SmallGets, make_pool
 
             self._pool = make_pool(options.connect_timeout_s, options.read_timeout_s, options.max_connections)
+            self._small = SmallGets(options.connect_timeout_s, options.read_timeout_s)
 
     # -- error mapping ---------------------------------------------------------------------------
     def map_error(self, exc: Exception, *, file: str | None = None, offset: int | None = None) -> SourceError:
@@ -399,7 +416,7 @@ class S3Backend(Backend):
         """Ranged GET pinned with ``If-Match`` to the listed ETag (presigned + urllib3, or botocore)."""
         key = self.url.key_for(file.path)
         if self._pool is not None:
-            from slurm_bt.storage._http import open_http_range
+            from slurm_bt.storage._http import SMALL_BODY_MAX, open_http_range
 
             # Presigning is local (SigV4 over the query string); Range and If-Match travel as
             # ordinary unsigned headers, which S3 allows, so the ETag pin is kept (412 if changed).
@@ -407,6 +424,16 @@ class S3Backend(Backend):
             headers = {"Accept-Encoding": "identity"}
             if file.etag:
                 headers["If-Match"] = file.etag
+            size = getattr(file, "size", None)
+            want = (size if end is None else end) - start if isinstance(size, int) else 0
+            if self._small is not None and 0 < want <= SMALL_BODY_MAX:
+                # A small object's whole remainder: one lean GET into memory (_http.SmallGets);
+                # None when the answer needs urllib3 (a redirect, chunked...): asked again below.
+                # The limit also fits a 200 with the whole object (a store that ignored Range).
+                body = self._small.get(url, uri=self.url.canonical, file=file.path, start=start, end=end,
+                                       headers=headers, limit=max(want, min(size or 0, SMALL_BODY_MAX)))
+                if body is not None:
+                    return body
             return open_http_range(self._pool, url, uri=self.url.canonical, file=file.path, start=start, end=end,
                                    headers=headers)
         kwargs: dict[str, Any] = {"Bucket": self.url.container, "Key": key}
@@ -535,6 +562,8 @@ class S3Backend(Backend):
         """Close the clients' connection pools."""
         if self._pool is not None:
             self._pool.clear()
+        if self._small is not None:
+            self._small.close()
         for client in (self._meta, self._data, *self._extra_clients):
             try:
                 client.close()
