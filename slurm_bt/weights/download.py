@@ -480,49 +480,53 @@ def fetch_small(
     options = options or DownloadOptions()
     uri = source.uri.canonical
     expected = file.sha256
-    pinned = file if isinstance(file, ManifestFile) else ManifestFile(
-        path=file.path, size=file.size, sha256=expected or _EMPTY_SHA256, etag=file.etag)
     check = pick_check(file.checksums) if expected is None and isinstance(file, RemoteFile) else None
-    buf = bytearray()
-    failures = total = 0
-    while len(buf) < file.size:  # an empty file needs no request; its checks still run below
+    # Both a RemoteFile and a ManifestFile name the pinned version (path, etag, size): no copy of
+    # it per file. The body is kept as the bytes objects read: one read of the whole object (the
+    # usual case) is neither copied nor joined.
+    parts: list[bytes] = []
+    got = failures = total = 0
+    while got < file.size:  # an empty file needs no request; its checks still run below
         stream = None
-        reached = len(buf)
+        reached = got
         try:
-            stream = source.open_range(pinned, len(buf), None)
-            if not stream.partial and buf:
-                buf.clear()  # the origin ignored Range and restarted from byte 0: so do we
-            while len(buf) < file.size:
-                data = stream.read(file.size - len(buf))
+            stream = source.open_range(file, got, None)
+            if not stream.partial and got:
+                parts.clear()  # the origin ignored Range and restarted from byte 0: so do we
+                got = 0
+            while got < file.size:
+                data = stream.read(file.size - got)
                 if not data:
                     raise SourceUnavailableError(uri, "body ended before the expected size", file=file.path,
-                                                 offset=len(buf), transient=True)
-                buf += data
+                                                 offset=got, transient=True)
+                parts.append(data)
+                got += len(data)
         except SourceUnavailableError as exc:
             total += 1
-            failures = 1 if len(buf) > reached else failures + 1
+            failures = 1 if got > reached else failures + 1
             if failures > options.max_retries or total > 4 * options.max_retries:
                 raise SourceUnavailableError(uri, f"gave up after {total} attempts: {exc.args[0].split(': ', 1)[-1]}",
-                                             file=file.path, offset=len(buf), transient=True) from exc
+                                             file=file.path, offset=got, transient=True) from exc
             time.sleep(backoff_delay_s(total - 1, options.backoff_base_s, options.backoff_cap_s))
         finally:
             if stream is not None:
                 stream.close()
-    if len(buf) != file.size:
+    body = parts[0] if len(parts) == 1 else b"".join(parts)
+    if len(body) != file.size:
         raise SourceIntegrityError(uri, "size mismatch; not published", file=file.path,
-                                   expected=str(file.size), actual=str(len(buf)))
-    actual = hashlib.sha256(buf).hexdigest()
+                                   expected=str(file.size), actual=str(len(body)))
+    actual = hashlib.sha256(body).hexdigest()
     if expected is not None and actual != expected:
         raise SourceIntegrityError(uri, "sha256 mismatch; not published", file=file.path,
                                    expected=expected, actual=actual)
     side = new_hasher(check, file.size) if check is not None else None
     if check is not None and side is not None:  # pick_check picks only what can be computed here
         assert isinstance(file, RemoteFile)
-        side.update(bytes(buf))
+        side.update(body)
         _check_origin(source, file, check, side.hexdigest(), published=True)
     tmp, fd = _create_fanned(dest_dir, actual)
     try:
-        view = memoryview(buf)
+        view = memoryview(body)
         while view:
             view = view[os.write(fd, view):]
         os.fchmod(fd, options.file_mode)
