@@ -32,7 +32,7 @@ import os
 import secrets
 import socket
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +53,11 @@ __all__ = [
     "build_snapshot",
     "copy_and_hash",
     "copy_only",
+    "new_snapshot_tree",
     "open_regular",
     "parse_tmp_name",
     "publish_blob_file",
+    "read_small_at",
     "remove_tree",
     "snapshot_is_intact",
     "tmp_name",
@@ -269,6 +271,38 @@ def _read_all(fd: int, *, limit: int) -> bytes:
         chunks.append(b)
         total += len(b)
     return b"".join(chunks)
+
+
+def read_small_at(dir_fd: int, name: str, limit: int, where: str) -> bytes:
+    """Up to ``limit`` bytes of the regular file ``name`` in the directory ``dir_fd``: the
+    per-file read of the node copy's small-blob loop.
+
+    The same checks as :func:`open_regular` (``O_NOFOLLOW|O_NONBLOCK``, ``fstat`` must be
+    ``S_ISREG``), resolved relative to a descriptor on the tier's ``blobs/`` opened once (no
+    path walk from ``/`` per file), and without clearing ``O_NONBLOCK`` first: Linux ignores it
+    for regular files, so that was one ``ioctl`` per file; a filesystem that does honour it
+    (``EAGAIN``) gets the descriptor made blocking and the read retried.
+
+    Raises:
+        FileNotFoundError: nothing there.
+        StorageError: a symlink, FIFO, device or directory, or it cannot be opened.
+    """
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise
+        raise StorageError(where, f"cannot open: {exc.strerror}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StorageError(where, "is not a regular file; refusing to read it")
+        try:
+            return os.pread(fd, limit, 0)
+        except BlockingIOError:
+            os.set_blocking(fd, True)
+            return os.pread(fd, limit, 0)
+    finally:
+        os.close(fd)
 
 
 def open_regular(path: Path) -> int:
@@ -574,36 +608,71 @@ class SmallBlobWriter:
 
     Why: 10,000 small blobs published one by one cost an fsync of each file and of ``blobs/``:
     journal commits, not bytes, were most of a node copy (bench/weights_bench.py, section ``node``,
-    small dataset: 6.6 s against 0.83 s for ``cp -a``). Here each blob is verified and written to a
-    temp name in ``.tmp/`` without a flush (:meth:`add`); :meth:`publish` then makes the whole batch
-    durable with ONE ``syncfs`` of the cache's filesystem *before* any of it gets its final name,
-    links every temp to ``blobs/<sha256>`` and makes the names durable with one fsync of
-    ``blobs/``. So the invariant of the per-blob path still holds: a blob under its final name has
-    verified, durable bytes. A crash before ``publish`` leaves only temp files (``tmp_name`` names, so
+    small dataset: 6.6 s against 0.83 s for ``cp -a``). Here each blob is verified and written
+    without a flush (:meth:`add`); :meth:`publish` then makes the whole batch durable with ONE
+    ``syncfs`` of the cache's filesystem *before* any of it gets its final name, links every file
+    to ``blobs/<sha256>`` and makes the names durable with one fsync of ``blobs/``. So the
+    invariant of the per-blob path still holds: a blob under its final name has verified, durable
+    bytes. A crash before ``publish`` leaves only temp names (``tmp_name`` names, so
     :func:`slurm_bt.weights.cluster_cache.gc_temp` removes them as a dead writer's); a failed
     ``syncfs`` publishes nothing of the batch; a blob whose bytes do not hash to its name is refused
     in :meth:`add` before anything of it is written.
 
+    Where the bytes are written first:
+
+    * ``tree`` given (the node copy of an entry whose snapshot is not built yet): straight into
+      the entry's snapshot temp tree (:func:`new_snapshot_tree`), at the file's manifest path, and
+      that very inode is then linked to ``blobs/<sha256>``. The snapshot needs both names anyway,
+      so a small file costs one create and one link, as in ``cp -a`` plus the one link, instead of
+      a create in ``.tmp/``, a link to ``blobs/``, an unlink of the temp and a link into the
+      snapshot: directory updates in the journal, not bytes, bound a copy of thousands of 4 KiB
+      files (docs/weights-cache.md §3.3). The tree has a ``tmp_name`` too and nobody trusts it
+      until :func:`build_snapshot` renames it into place and the COMPLETE marker follows.
+      :attr:`placed` lists the manifest paths whose tree file is its blob (so the snapshot build
+      skips them). If the blob is already under its name (another entry's stage published the same
+      bytes meanwhile), the tree file is replaced by a link to that blob: one inode per blob, the
+      space counted once.
+    * ``tree`` None: a temp ``.tmp/<n>-sblob.<...>`` that is linked to ``blobs/<sha256>`` and
+      unlinked (used when the snapshot already exists, and by tests of the unit).
+
     ``syncfs`` flushes every dirty page of the filesystem, other writers' too, so it only pays
     when a batch has many blobs (the node cache uses it from 16 small blobs on) and the node cache
     writes its small blobs before its big ones. The directory fd used for ``syncfs`` is opened
-    before any temp is written: Linux reports a write-back error only to descriptors opened before
+    before any file is written: Linux reports a write-back error only to descriptors opened before
     it happened. One writer, one thread (the node cache's small blobs are done in a tight loop:
-    a thread pool costs more than a 4 KiB copy).
+    a thread pool costs more than a 4 KiB copy). Names are resolved against directory descriptors
+    opened once (``blobs/`` and each tree directory), not full paths: one path walk per directory
+    instead of several per file.
     """
 
-    def __init__(self, layout: CacheLayout) -> None:
+    def __init__(self, layout: CacheLayout, *, tree: Path | None = None) -> None:
         self.layout = layout
         #: Blobs (sha256) this writer gave their final name; the caller rolls them back on failure.
         self.published: list[str] = []
+        #: Manifest paths whose file in ``tree`` is the published blob itself (hard link).
+        self.placed: list[str] = []
         self._tmp_dir = os.fspath(layout.tmp)
         self._blobs = os.fspath(layout.blobs)
         self._base = tmp_name("sblob")  # one /proc read per batch; "<n>-" makes each name unique
         self._mode = layout.blob_mode
         # The mode given to open() is masked by the umask; fchmod only when that would change it.
         self._fchmod = layout.group is not None or bool(_current_umask() & self._mode)
-        self._temps: list[tuple[str, str, int]] = []
+        self._tree = None if tree is None else os.fspath(tree)
+        #: ``(dir fd, name relative to it, sha256, size, manifest path)`` of each file written, not
+        #: yet published.
+        self._temps: list[tuple[int, str, str, int, str]] = []
+        self._made = {""}  # tree directories known to exist
+        self._blobs_fd = self._tmp_fd = self._tree_fd = -1
         self._fd = os.open(layout.tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self._blobs_fd = _open_dir(self._blobs)
+            if self._tree is None:
+                self._tmp_fd = self._fd
+            else:
+                self._tree_fd = _open_dir(self._tree)
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> SmallBlobWriter:
         return self
@@ -615,24 +684,38 @@ class SmallBlobWriter:
         """Blobs written and not yet published."""
         return len(self._temps)
 
+    def _dir(self, path: str) -> tuple[int, str]:
+        """``(directory fd, name relative to it)`` where the file of manifest path ``path`` is written."""
+        if self._tree is None:
+            return self._tmp_fd, f"{len(self._temps)}-{self._base}"
+        parent = path.rpartition("/")[0]
+        if parent not in self._made:
+            # Manifest paths are relative with no empty, "." or ".." part (ManifestFile), and the
+            # tree is root's fresh directory (nobody else can plant a link in it), so the name
+            # stays inside it.
+            os.makedirs(f"{self._tree}/{parent}", 0o755, exist_ok=True)
+            self._made.add(parent)
+        return self._tree_fd, path
+
     def add(self, f: ManifestFile, data: bytes, *, verify: bool = True) -> None:
-        """Write ``data`` as the temp of blob ``f`` (no flush), after checking it is ``f``'s content.
+        """Write ``data`` as blob ``f`` (no flush), after checking it is ``f``'s content.
 
         The hash is of ``data``, the very buffer that is written, so a source rewritten after it
         was read cannot slip other bytes in. ``verify`` False (a trusted tier, ``copy_only``'s
-        policy) checks the size only.
+        policy) checks the size only. With a ``tree`` the file is written at ``f.path`` in it.
 
         Raises:
             CacheIntegrityError: size or sha256 differ from ``f`` (nothing written).
-            OSError: the temp could not be written (ENOSPC included); its name is removed by
+            OSError: the file could not be written (ENOSPC included); its name is removed by
                 :meth:`close`.
         """
         actual = hashlib.sha256(data).hexdigest() if verify else f.sha256
         if len(data) != f.size or actual != f.sha256:
             raise CacheIntegrityError(os.path.join(self._blobs, f.sha256), f.sha256, actual, f.size, len(data))
-        path = os.path.join(self._tmp_dir, f"{len(self._temps)}-{self._base}")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, self._mode)
-        self._temps.append((path, f.sha256, f.size))
+        dir_fd, name = self._dir(f.path)
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, self._mode,
+                     dir_fd=dir_fd)
+        self._temps.append((dir_fd, name, f.sha256, f.size, f.path))
         try:
             view = memoryview(data)
             while view:
@@ -647,24 +730,100 @@ class SmallBlobWriter:
     def publish(self) -> list[str]:
         """Flush the batch (one ``syncfs``), name every blob, flush ``blobs/``; returns the new blobs.
 
-        Blobs already under their name are kept (same name, same bytes). Every temp is gone after.
+        Blobs already under their name are kept (same name, same bytes). Without a ``tree`` every
+        temp is gone after; with one, the files stay in the tree (they are the snapshot's) and a
+        file that could not be named is removed.
 
         Raises:
             StorageError: ``syncfs`` failed (nothing of the batch is published) or a link failed
                 (those linked before stay: their bytes are durable and verified).
         """
         temps, self._temps = self._temps, []
-        return publish_blob_batch(self._fd, temps, self._blobs, self.published)
+        if not temps:
+            return self.published
+        named = len(self.published)
+        done = 0
+        try:
+            syncfs(self._fd)
+            for dir_fd, name, sha, size, path in temps:
+                self._name_one(dir_fd, name, sha, size, path)
+                done += 1
+        finally:
+            for dir_fd, name, _sha, _size, _path in (temps if self._tree is None else temps[done:]):
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
+            if len(self.published) > named:
+                _fsync_dir_fd(self._blobs_fd, self._blobs)
+        return self.published
+
+    def _name_one(self, dir_fd: int, name: str, sha: str, size: int, path: str) -> None:
+        """Give the written file ``name`` (in ``dir_fd``) the name ``blobs/<sha>`` unless it exists."""
+        where = f"{self._tree or self._tmp_dir}/{name}"
+        try:
+            st = os.lstat(name, dir_fd=dir_fd)
+        except OSError as exc:
+            raise StorageError(where, f"temp blob vanished before publish: {exc.strerror}") from exc
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:  # swapped after it was written
+            raise StorageError(where, f"temp blob is not the {size} bytes written for {sha}")
+        try:
+            # follow_symlinks=False: linkat without AT_SYMLINK_FOLLOW, as link(2) behaves
+            os.link(name, sha, src_dir_fd=dir_fd, dst_dir_fd=self._blobs_fd, follow_symlinks=False)
+        except FileExistsError:
+            if self._tree is not None:
+                self._share_existing(dir_fd, name, sha, path)
+            return
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINK:
+                raise StorageError(f"{self._blobs}/{sha}", f"cannot publish blob: {exc.strerror}") from exc
+            # No hard links here: the file is renamed to its blob name (the snapshot build copies
+            # it back into the tree), unless the name exists (same bytes) and it is dropped.
+            try:
+                renamed = _link_noreplace(where, f"{self._blobs}/{sha}")
+            except OSError as exc2:
+                raise StorageError(f"{self._blobs}/{sha}", f"cannot publish blob: {exc2.strerror}") from exc2
+            if not renamed:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
+                return
+            self.published.append(sha)
+            return
+        self.published.append(sha)
+        if self._tree is not None:
+            self.placed.append(path)
+
+    def _share_existing(self, dir_fd: int, name: str, sha: str, path: str) -> None:
+        """The blob was published meanwhile (same bytes): the tree file becomes a link to it, so the
+        snapshot and ``blobs/`` share one inode; if that fails the snapshot build links it."""
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+            os.link(sha, name, src_dir_fd=self._blobs_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            self.placed.append(path)
 
     def close(self) -> None:
-        """Remove the temps not published and drop the directory fd; idempotent."""
-        for path, _sha, _size in self._temps:
+        """Remove the files not published and drop the directory fds; idempotent."""
+        for dir_fd, name, _sha, _size, _path in self._temps:
             with contextlib.suppress(OSError):
-                os.unlink(path)
+                os.unlink(name, dir_fd=dir_fd)
         self._temps = []
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        for fd in (self._tree_fd, self._blobs_fd, self._fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fd = self._blobs_fd = self._tmp_fd = self._tree_fd = -1
+
+
+def _open_dir(path: str | Path) -> int:
+    """An ``O_DIRECTORY|O_NOFOLLOW`` descriptor on ``path``, for names resolved relative to it."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _fsync_dir_fd(fd: int, where: str) -> None:
+    """fsync an open directory (as :func:`slurm_bt.atomic.fsync_dir`: EINVAL/ENOTSUP ignored)."""
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise StorageError(where, f"cannot fsync directory: {exc.strerror}") from exc
 
 
 def _current_umask() -> int:
@@ -677,26 +836,37 @@ def _current_umask() -> int:
     return 0o777  # unknown: assume the worst, so fchmod always runs
 
 
-def _link_or_copy(blob: Path | str, dst: Path | str, layout: CacheLayout) -> None:
-    """Hard-link ``blob`` at ``dst``, else (another filesystem, no hard links) copy it.
+def _link_or_copy_at(blobs_fd: int, sha: str, dir_fd: int, name: str, layout: CacheLayout) -> None:
+    """Hard-link ``blobs/<sha>`` at ``name`` (relative to ``dir_fd``), else (another filesystem, no
+    hard links) copy it.
 
     A copy is fsynced here; a link needs only its directory flushed, which the caller does.
 
     Raises:
-        FileNotFoundError: ``blob`` is missing.
+        FileNotFoundError: the blob is missing.
     """
     try:
-        os.link(blob, dst)
+        # follow_symlinks=False: linkat without AT_SYMLINK_FOLLOW, as link(2) behaves
+        os.link(sha, name, src_dir_fd=blobs_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
         return
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, *_NO_HARD_LINK):
             raise
-    src_fd = open_regular(Path(blob))
     try:
-        dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        src_fd = os.open(sha, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=blobs_fd)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise
+        raise StorageError(f"{layout.blobs}/{sha}", f"cannot open: {exc.strerror}") from exc
+    try:
+        st = os.fstat(src_fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StorageError(f"{layout.blobs}/{sha}", "is not a regular file; refusing to read it")
+        os.set_blocking(src_fd, True)
+        dst_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dir_fd)
         try:
-            size = os.fstat(src_fd).st_size
-            copy_and_hash(src_fd, dst_fd, size)
+            copy_and_hash(src_fd, dst_fd, st.st_size)
             if layout.group is not None:
                 os.fchown(dst_fd, -1, layout.group)
             os.fchmod(dst_fd, layout.blob_mode)
@@ -725,7 +895,22 @@ def snapshot_is_intact(layout: CacheLayout, manifest: Manifest) -> bool:
     return True
 
 
-def build_snapshot(layout: CacheLayout, manifest: Manifest) -> Path:
+def new_snapshot_tree(layout: CacheLayout, manifest_id: str) -> Path:
+    """A fresh empty directory beside ``snapshots/<manifest_id>`` to build that snapshot in.
+
+    Named ``.<manifest_id>.<tmp_name>`` (host, pid and start time), so
+    :func:`slurm_bt.weights.cluster_cache.gc_temp` removes the tree of a writer that died.
+
+    Raises:
+        OSError: it cannot be made.
+    """
+    tree = layout.snapshot(manifest_id).with_name(f".{manifest_id}.{tmp_name('snap')}")
+    os.mkdir(tree, 0o755)
+    return tree
+
+
+def build_snapshot(layout: CacheLayout, manifest: Manifest, *, tree: Path | None = None,
+                   placed: Collection[str] = ()) -> Path:
     """Publish ``snapshots/<manifest_id>`` from blobs (hard links, else copies); idempotent.
 
     The tree is built under a temp name beside its final name, every directory is made 0555 and
@@ -734,6 +919,12 @@ def build_snapshot(layout: CacheLayout, manifest: Manifest) -> Path:
     whole. If a snapshot is already there and intact it is
     kept; a damaged one (e.g. an eviction killed half-way) is moved to trash and rebuilt.
 
+    Args:
+        tree: a temp tree from :func:`new_snapshot_tree` the caller already filled in part (the
+            node copy writes small blobs straight into it, :class:`SmallBlobWriter`); it is used
+            instead of a new one and removed on failure.
+        placed: manifest paths whose file in ``tree`` already is its blob (a hard link), skipped.
+
     Raises:
         StorageError: a blob is missing or a link/copy failed.
     """
@@ -741,42 +932,15 @@ def build_snapshot(layout: CacheLayout, manifest: Manifest) -> Path:
     final = layout.snapshot(mid)
     if final.exists():
         if snapshot_is_intact(layout, manifest):
+            if tree is not None:
+                remove_tree(layout, tree)
             return final
         remove_tree(layout, final)
-    tmp = final.with_name(f".{mid}.{tmp_name('snap')}")
+    tmp = tree
     try:
-        os.mkdir(tmp, 0o755)
-        # Plain strings, not Path objects: at 10,000 files pathlib's parsing was half of the build.
-        # Manifest paths are relative with no empty, "." or ".." part (ManifestFile), so joining
-        # them with "/" stays inside the tree.
-        root, blobs = os.fspath(tmp), os.fspath(layout.blobs)
-        dirs = {root}
-        for f in manifest.files:
-            dst = f"{root}/{f.path}"
-            parent = os.path.dirname(dst)
-            if parent not in dirs:
-                os.makedirs(parent, exist_ok=True)
-                while parent not in dirs:
-                    dirs.add(parent)
-                    parent = os.path.dirname(parent)
-            blob = f"{blobs}/{f.sha256}"
-            try:  # no exists() first: link(2) says ENOENT itself (one syscall per file, not two)
-                _link_or_copy(blob, dst, layout)
-            except FileNotFoundError as exc:
-                raise StorageError(blob, f"blob for {f.path} is missing; cannot build snapshot {mid}") from exc
-        batched = len(dirs) >= _SYNCFS_MIN_DIRS
-        for d in sorted(dirs, key=lambda p: p.count("/"), reverse=True):
-            if not batched:
-                fsync_dir(Path(d))
-            if layout.group is not None:
-                os.chown(d, -1, layout.group)
-            os.chmod(d, layout.ro_dir_mode)
-        if batched:
-            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                syncfs(fd)  # every new entry and mode at once, before the tree gets its name
-            finally:
-                os.close(fd)
+        if tmp is None:
+            tmp = new_snapshot_tree(layout, mid)
+        _link_tree(layout, manifest, os.fspath(tmp), frozenset(placed))
         try:
             publish_dir_atomic(tmp, final)
         except StorageError:
@@ -785,12 +949,62 @@ def build_snapshot(layout: CacheLayout, manifest: Manifest) -> Path:
                 return final
             raise
     except OSError as exc:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             remove_tree(layout, tmp)
         if isinstance(exc, StorageError):
             raise
         raise StorageError(str(final), f"cannot build snapshot: {exc.strerror}") from exc
     return final
+
+
+def _link_tree(layout: CacheLayout, manifest: Manifest, root: str, placed: frozenset[str]) -> None:
+    """Link every file of ``manifest`` not in ``placed`` into the temp tree ``root``, then seal its
+    directories (group, read-only mode) and flush them.
+
+    Plain strings, not Path objects: at 10,000 files pathlib's parsing was half of the build. Links
+    are made relative to descriptors on ``blobs/`` and on the tree (``linkat``), so each costs the
+    walk of the manifest path only. Manifest paths are relative with no empty, "." or ".." part
+    (ManifestFile), and the tree is root's fresh directory, so every name stays inside it.
+    """
+    mid = manifest.manifest_id
+    blobs = os.fspath(layout.blobs)
+    dirs = {root}
+    blobs_fd = _open_dir(blobs)
+    try:
+        root_fd = _open_dir(root)
+        try:
+            for f in manifest.files:
+                dst = f"{root}/{f.path}"
+                parent = os.path.dirname(dst)
+                if parent not in dirs:
+                    os.makedirs(parent, exist_ok=True)
+                    while parent not in dirs:
+                        dirs.add(parent)
+                        parent = os.path.dirname(parent)
+                if f.path in placed:
+                    continue
+                try:  # no exists() first: link(2) says ENOENT itself (one syscall per file, not two)
+                    _link_or_copy_at(blobs_fd, f.sha256, root_fd, f.path, layout)
+                except FileNotFoundError as exc:
+                    raise StorageError(f"{blobs}/{f.sha256}",
+                                       f"blob for {f.path} is missing; cannot build snapshot {mid}") from exc
+        finally:
+            os.close(root_fd)
+    finally:
+        os.close(blobs_fd)
+    batched = len(dirs) >= _SYNCFS_MIN_DIRS
+    for d in sorted(dirs, key=lambda p: p.count("/"), reverse=True):
+        if not batched:
+            fsync_dir(Path(d))
+        if layout.group is not None:
+            os.chown(d, -1, layout.group)
+        os.chmod(d, layout.ro_dir_mode)
+    if batched:
+        fd = _open_dir(root)
+        try:
+            syncfs(fd)  # every new entry and mode at once, before the tree gets its name
+        finally:
+            os.close(fd)
 
 
 def remove_tree(layout: CacheLayout, path: Path) -> None:

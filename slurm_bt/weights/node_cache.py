@@ -57,7 +57,9 @@ from slurm_bt.weights.cache_layout import (
     copy_and_hash,
     copy_only,
     hash_prefix,
+    new_snapshot_tree,
     publish_blob_file,
+    read_small_at,
     remove_tree,
     tmp_name,
 )
@@ -66,7 +68,6 @@ from slurm_bt.weights.cluster_cache import (
     CacheStats,
     ClusterCache,
     EntryInfo,
-    blob_present,
     cache_stats,
     gc_temp,
     unique_blobs,
@@ -273,11 +274,10 @@ class NodeCache:
         lease_dir = self._lease_pending(manifest, job_id)
         published: list[str] = []
         try:
-            missing = [f for f in unique_blobs(manifest.files) if not blob_present(self.layout, f)]
+            missing = _missing_blobs(self.layout, manifest.files)
             need = sum(f.size for f in missing)
             self._make_room(need)
-            self._copy_all(missing, clusters, need, published)
-            snap = build_snapshot(self.layout, manifest)
+            snap = self._copy_and_build(manifest, missing, clusters, need, published)
             write_file_atomic(self.layout.manifest_file(mid), manifest.canonical_json(), mode=0o444)
             with contextlib.suppress(OSError):
                 os.unlink(lease_dir / _PENDING)
@@ -316,7 +316,7 @@ class NodeCache:
 
     def missing_bytes(self, manifest: Manifest) -> int:
         """Bytes of ``manifest``'s blobs not yet on this node (what a resumed copy still has to move)."""
-        return sum(f.size for f in unique_blobs(manifest.files) if not blob_present(self.layout, f))
+        return sum(f.size for f in _missing_blobs(self.layout, manifest.files))
 
     def fill(self, manifest: Manifest, cluster: Sequence[ClusterCache], *,
              progress: Callable[[int], None] | None = None) -> Path:
@@ -337,11 +337,10 @@ class NodeCache:
         if self.is_ready(manifest):
             return self.snapshot_path(manifest)
         try:
-            missing = [f for f in unique_blobs(manifest.files) if not blob_present(self.layout, f)]
+            missing = _missing_blobs(self.layout, manifest.files)
             need = sum(f.size for f in missing)
             self._make_room(need)
-            self._copy_all(missing, list(cluster), need, [], progress)
-            snap = build_snapshot(self.layout, manifest)
+            snap = self._copy_and_build(manifest, missing, list(cluster), need, [], progress)
             write_file_atomic(self.layout.manifest_file(mid), manifest.canonical_json(), mode=0o444)
             with contextlib.suppress(OSError):
                 os.unlink(self.layout.leases / mid / _PENDING)
@@ -361,12 +360,36 @@ class NodeCache:
                     with contextlib.suppress(OSError):
                         os.unlink(e.path)
 
+    def _copy_and_build(self, manifest: Manifest, missing: list[ManifestFile], clusters: list[ClusterCache],
+                        need: int, published: list[str], progress: Callable[[int], None] | None = None) -> Path:
+        """Copy the ``missing`` blobs and build the snapshot; returns it.
+
+        Many small blobs are written straight into the snapshot's temp tree, which then needs no
+        link of its own for them (:class:`~slurm_bt.weights.cache_layout.SmallBlobWriter`); the
+        tree is removed if anything fails (it was never trusted: it has a temp name).
+        """
+        tree = None
+        if sum(1 for f in missing if f.size <= SMALL_BLOB_MAX_BYTES) >= SMALL_BATCH_MIN and not os.path.lexists(
+                self.snapshot_path(manifest)):
+            tree = new_snapshot_tree(self.layout, manifest.manifest_id)
+        try:
+            placed = self._copy_all(missing, clusters, need, published, progress, tree)
+            return build_snapshot(self.layout, manifest, tree=tree, placed=placed)
+        except BaseException:
+            if tree is not None:
+                with contextlib.suppress(OSError):
+                    remove_tree(self.layout, tree)
+            raise
+
     def _copy_all(self, missing: list[ManifestFile], clusters: list[ClusterCache], need: int,
-                  published: list[str], progress: Callable[[int], None] | None = None) -> None:
+                  published: list[str], progress: Callable[[int], None] | None = None,
+                  tree: Path | None = None) -> list[str]:
+        """Copy ``missing``; returns the manifest paths written into ``tree`` as their blobs."""
+        placed: list[str] = []
         small = [f for f in missing if f.size <= SMALL_BLOB_MAX_BYTES]
         if len(small) >= SMALL_BATCH_MIN:
             # First, before any big blob dirties the page cache: the batch's syncfs would wait for it.
-            self._copy_small(small, clusters, need, published, progress)
+            self._copy_small(small, clusters, need, published, progress, tree, placed)
             missing = [f for f in missing if f.size > SMALL_BLOB_MAX_BYTES]
         order = sorted(missing, key=lambda f: -f.size)  # big first: better balance across workers
         errors: list[BaseException] = []
@@ -380,9 +403,11 @@ class NodeCache:
                     errors.append(exc)
         if errors:
             raise errors[0]
+        return placed
 
     def _copy_small(self, files: list[ManifestFile], clusters: list[ClusterCache], need: int,
-                    published: list[str], progress: Callable[[int], None] | None = None) -> None:
+                    published: list[str], progress: Callable[[int], None] | None = None,
+                    tree: Path | None = None, placed: list[str] | None = None) -> None:
         """Copy small blobs in one thread, published in batches (:class:`SmallBlobWriter`).
 
         Why one thread and no per-blob fsync: for a 4 KiB blob the pool's hand-off, the
@@ -392,13 +417,22 @@ class NodeCache:
         hash is of the bytes written even if a tenant rewrites the source meanwhile. Blobs published
         before a failure are added to ``published`` (the caller rolls them back).
         """
+        tiers = _TierDirs(clusters)
+        try:
+            self._copy_small_batches(files, tiers, need, published, progress, tree, placed)
+        finally:
+            tiers.close()
+
+    def _copy_small_batches(self, files: list[ManifestFile], tiers: _TierDirs, need: int,
+                            published: list[str], progress: Callable[[int], None] | None,
+                            tree: Path | None, placed: list[str] | None) -> None:
         for i in range(0, len(files), SMALL_BATCH_FILES):
             current: ManifestFile | None = None
             try:
-                with SmallBlobWriter(self.layout) as batch:
+                with SmallBlobWriter(self.layout, tree=tree) as batch:
                     try:
                         for current in files[i:i + SMALL_BATCH_FILES]:
-                            data, trusted = self._read_small(current, clusters)
+                            data, trusted = self._read_small(current, tiers)
                             batch.add(current, data, verify=not trusted)
                             if progress is not None:
                                 progress(current.size)
@@ -406,6 +440,8 @@ class NodeCache:
                         batch.publish()
                     finally:
                         published.extend(batch.published)
+                        if placed is not None:
+                            placed.extend(batch.placed)
             except OSError as exc:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     where = current.path if current is not None else "a batch of small files"
@@ -413,21 +449,38 @@ class NodeCache:
                                          detail=f"disk filled while writing {where}") from exc
                 raise
 
-    def _read_small(self, f: ManifestFile, clusters: list[ClusterCache]) -> tuple[bytes, bool]:
+    @staticmethod
+    def _read_small(f: ManifestFile, tiers: _TierDirs) -> tuple[bytes, bool]:
         """``(content, from a trusted tier)`` of a small blob from the first tier whose copy is right.
 
         A copy of the wrong size (or, from an untrusted tier, the wrong hash) is logged and the next
-        tier tried, as for big blobs (:func:`_from_first_good_tier`).
+        tier tried, as for big blobs (:func:`_from_first_good_tier`); a tier without the blob is
+        skipped; a symlink, FIFO or other non-regular file at its name fails the copy.
         """
-
-        def read(src: int, c: ClusterCache) -> tuple[bytes, bool]:
-            data = os.pread(src, f.size + 1, 0)  # one byte more: a grown source is caught
+        first_error: CacheIntegrityError | None = None
+        for c, blobs_fd, blobs in tiers.tiers:
+            where = f"{blobs}/{f.sha256}"
+            try:
+                if blobs_fd >= 0:  # one byte more: a grown source is caught
+                    data = read_small_at(blobs_fd, f.sha256, f.size + 1, where)
+                else:
+                    src = c.open_blob(f)
+                    try:
+                        data = os.pread(src, f.size + 1, 0)
+                    finally:
+                        os.close(src)
+            except FileNotFoundError:
+                continue
             actual = f.sha256 if c.trusted_copy and len(data) == f.size else hashlib.sha256(data).hexdigest()
-            if len(data) != f.size or actual != f.sha256:
-                raise CacheIntegrityError(str(c.layout.blob(f.sha256)), f.sha256, actual, f.size, len(data))
-            return data, c.trusted_copy
-
-        return _from_first_good_tier(f, clusters, read)
+            if len(data) == f.size and actual == f.sha256:
+                return data, c.trusted_copy
+            exc = CacheIntegrityError(where, f.sha256, actual, f.size, len(data))
+            _log.error("rejected blob %s for %s from %s: %s", f.sha256, f.path, c.root, exc)
+            first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        raise StorageError(f.sha256, f"blob for {f.path} is in no cluster cache "
+                                     f"({', '.join(str(c.root) for c in tiers.clusters)}); stage the source first")
 
     def _copy_blob(self, f: ManifestFile, clusters: list[ClusterCache], need: int,
                    progress: Callable[[int], None] | None = None) -> bool:
@@ -807,6 +860,63 @@ SMALL_BATCH_FILES = 4096
 RESUME_MIN_BYTES = 128 << 20
 #: How often a resumable copy makes its prefix durable and records it.
 _MARK_EVERY_BYTES = 256 << 20
+
+
+class _TierDirs:
+    """A descriptor on each cluster tier's ``blobs/`` for the small-blob loop: one path walk per
+    tier instead of one per file (and no ``Path`` object per file).
+
+    Tiers keep their order. A refused tier, or one without ``blobs/``, holds nothing (as
+    ``ClusterCache.open_blob`` says: ``FileNotFoundError``) and is left out; where ``blobs/``
+    cannot be opened for another reason the fd is -1 and each blob goes through
+    ``ClusterCache.open_blob``, so its error is the one it always was.
+    """
+
+    def __init__(self, clusters: list[ClusterCache]) -> None:
+        self.clusters = clusters
+        #: ``(tier, fd on its blobs/ or -1, blobs/ path)``
+        self.tiers: list[tuple[ClusterCache, int, str]] = []
+        for c in clusters:
+            if c.refused is not None:
+                continue
+            blobs = os.fspath(c.layout.blobs)
+            try:
+                fd = os.open(blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                fd = -1
+            self.tiers.append((c, fd, blobs))
+
+    def close(self) -> None:
+        for _c, fd, _blobs in self.tiers:
+            if fd >= 0:
+                os.close(fd)
+        self.tiers = []
+
+
+def _missing_blobs(layout: CacheLayout, files: tuple[ManifestFile, ...] | list[ManifestFile]) -> list[ManifestFile]:
+    """One file per distinct blob of ``files`` not yet at ``blobs/<sha256>`` as a regular file of its
+    size (``cluster_cache.blob_present``'s test), with an ``lstat`` relative to one descriptor on
+    ``blobs/``: at 10,000 files a ``Path`` per blob cost more than the ``lstat``."""
+    unique = unique_blobs(files)
+    try:
+        fd = os.open(layout.blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return unique
+    out = []
+    try:
+        for f in unique:
+            try:
+                st = os.lstat(f.sha256, dir_fd=fd)
+            except OSError:
+                out.append(f)
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
+                out.append(f)
+    finally:
+        os.close(fd)
+    return out
 
 
 def _from_first_good_tier(f: ManifestFile, clusters: list[ClusterCache],

@@ -86,9 +86,9 @@ def test_few_small_blobs_keep_the_per_blob_path(tmp_path: Path, monkeypatch: pyt
 
 @pytest.mark.parametrize("when", ["before the syncfs", "after the syncfs, before any rename"])
 def test_crash_between_write_and_rename_leaves_no_blob_under_its_name(tmp_path: Path, when: str) -> None:
-    """kill -9 of the writer with every small blob written to its temp: nothing is under a final
-    name (no blob, no snapshot, no marker), the temps are a dead writer's debris, and the next stage
-    publishes everything."""
+    """kill -9 of the writer with every small blob written (into the snapshot's temp tree): nothing
+    is under a final name (no blob, no snapshot, no marker), the tree is a dead writer's debris that
+    gc_temp removes at once, and the next stage publishes everything."""
     c, m = _cluster(tmp_path, _small_files(40))
     n = NodeCache(tmp_path / "n", 1 << 30)
     n.layout.ensure()
@@ -108,9 +108,11 @@ def test_crash_between_write_and_rename_leaves_no_blob_under_its_name(tmp_path: 
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     assert _blob_names(n) == set()
     assert not n.layout.snapshot(m.manifest_id).exists() and not n.layout.is_complete(m)
-    temps = sorted(p.name for p in n.layout.tmp.iterdir())
-    assert len(temps) == 40 and all(f"sblob.{pid}_" in t for t in temps)
-    assert len(n.gc_temp()) == 40  # the writer is provably dead: its temps go at once
+    assert list(n.layout.tmp.iterdir()) == []
+    trees = list(n.layout.snapshots.iterdir())  # the files were written into the snapshot's temp tree
+    assert len(trees) == 1 and trees[0].name.startswith(f".{m.manifest_id}.snap.{pid}_")
+    assert sum(1 for p in trees[0].rglob("*") if p.is_file()) == 40
+    assert n.gc_temp() == trees  # the writer is provably dead: its tree goes at once
     n.stage(m, c, "2", authorize=allow)
     assert n.is_ready(m) and _blob_names(n) == {f.sha256 for f in m.files}
 
