@@ -58,6 +58,7 @@ from slurm_bt.weights.cache_layout import (
     copy_only,
     hash_prefix,
     new_snapshot_tree,
+    publish_blob_batch,
     publish_blob_file,
     read_small_at,
     remove_tree,
@@ -392,15 +393,40 @@ class NodeCache:
             self._copy_small(small, clusters, need, published, progress, tree, placed)
             missing = [f for f in missing if f.size > SMALL_BLOB_MAX_BYTES]
         order = sorted(missing, key=lambda f: -f.size)  # big first: better balance across workers
+        medium = {f.sha256 for f in missing if SMALL_BLOB_MAX_BYTES < f.size < RESUME_MIN_BYTES}
+        if len(medium) < MEDIUM_BATCH_MIN:
+            medium = set()
         errors: list[BaseException] = []
-        with ThreadPoolExecutor(max_workers=self.copy_workers, thread_name_prefix="stage") as pool:
-            futures = {pool.submit(self._copy_blob, f, clusters, need, progress): f for f in order}
-            for fut, f in futures.items():
-                try:
-                    if fut.result():
-                        published.append(f.sha256)
-                except BaseException as exc:
-                    errors.append(exc)
+        # Medium blobs are published in batches (one syncfs per MEDIUM_BATCH_BYTES, not an fsync of
+        # each blob and of blobs/): the fd for syncfs is opened before any of them is written, as
+        # SmallBlobWriter does (write-back errors reach only descriptors opened before them).
+        sync_fd = os.open(self.layout.tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if medium else -1
+        deferred: list[tuple[str, str, int]] = []
+        try:
+            with ThreadPoolExecutor(max_workers=self.copy_workers, thread_name_prefix="stage") as pool:
+                futures = {pool.submit(self._copy_blob, f, clusters, need, progress, f.sha256 in medium): f
+                           for f in order}
+                for fut, f in futures.items():
+                    try:
+                        result = fut.result()
+                        if isinstance(result, str):  # written, verified, sealed; not yet durable or named
+                            deferred.append((result, f.sha256, f.size))
+                            if not errors and sum(t[2] for t in deferred) >= MEDIUM_BATCH_BYTES:
+                                batch, deferred = deferred, []
+                                publish_blob_batch(sync_fd, batch, os.fspath(self.layout.blobs), published)
+                        elif result:
+                            published.append(f.sha256)
+                    except BaseException as exc:
+                        errors.append(exc)
+            if deferred and not errors:
+                batch, deferred = deferred, []
+                publish_blob_batch(sync_fd, batch, os.fspath(self.layout.blobs), published)
+        finally:
+            for path, _sha, _size in deferred:  # a failed stage: these never get a name
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            if sync_fd >= 0:
+                os.close(sync_fd)
         if errors:
             raise errors[0]
         return placed
@@ -483,11 +509,18 @@ class NodeCache:
                                      f"({', '.join(str(c.root) for c in tiers.clusters)}); stage the source first")
 
     def _copy_blob(self, f: ManifestFile, clusters: list[ClusterCache], need: int,
-                   progress: Callable[[int], None] | None = None) -> bool:
-        return _from_first_good_tier(f, clusters, lambda src, c: self._copy_from(src, f, need, c, progress))
+                   progress: Callable[[int], None] | None = None, defer: bool = False) -> bool | str:
+        """Copy one blob (see :meth:`_copy_from`); ``defer``: leave it as a sealed temp to batch."""
+        return _from_first_good_tier(f, clusters, lambda src, c: self._copy_from(src, f, need, c, progress, defer))
 
     def _copy_from(self, src: int, f: ManifestFile, need: int, cluster: ClusterCache,
-                   progress: Callable[[int], None] | None = None) -> bool:
+                   progress: Callable[[int], None] | None = None, defer: bool = False) -> bool | str:
+        """Copy, verify and publish one blob; True when this call named it (False: it was there).
+
+        ``defer`` (a medium blob, :meth:`_copy_all`): verified and sealed (group, mode) but neither
+        flushed nor named; its temp path is returned for :func:`publish_blob_batch`, which flushes a
+        whole batch with one ``syncfs`` before any of it gets its name.
+        """
         size = os.fstat(src).st_size
         src_uri = str(cluster.layout.blob(f.sha256))
         if size != f.size:
@@ -548,6 +581,16 @@ class NodeCache:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
                 raise
+            if defer and mark is None:
+                try:
+                    if self.layout.group is not None:
+                        os.fchown(dst, -1, self.layout.group)
+                    os.fchmod(dst, self.layout.blob_mode)  # after chown (which may clear bits)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+                return os.fspath(tmp)
             published = publish_blob_file(tmp, dst, self.layout.blob(f.sha256), f, actual, n,
                                           group=self.layout.group)
             if mark is not None:
@@ -856,6 +899,12 @@ SMALL_BLOB_MAX_BYTES = 1 << 20
 SMALL_BATCH_MIN = 16
 #: Small blobs per batch: what a crash mid-copy can cost (unpublished temps), and one syncfs each.
 SMALL_BATCH_FILES = 4096
+#: Blobs bigger than small and smaller than ``RESUME_MIN_BYTES`` ("medium") are published in batches
+#: (one ``syncfs`` each) from this many on; fewer keep the per-blob fsyncs (syncfs flushes the whole
+#: filesystem, other writers' pages too).
+MEDIUM_BATCH_MIN = 4
+#: Bytes of medium blobs per batch: one ``syncfs`` each, and what a crash mid-copy can cost.
+MEDIUM_BATCH_BYTES = 1 << 30
 #: Blobs at least this big are copied resumably by the node stager (smaller ones restart whole).
 RESUME_MIN_BYTES = 128 << 20
 #: How often a resumable copy makes its prefix durable and records it.

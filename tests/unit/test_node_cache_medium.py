@@ -1,0 +1,178 @@
+"""Node tier, issue 14 item 2: medium blobs (1-128 MiB) published in batches (one syncfs per
+MEDIUM_BATCH_BYTES), not an fsync of each blob and of blobs/; safety as for the small-file batch."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from slurm_bt.atomic import syncfs as real_syncfs
+from slurm_bt.errors import CacheIntegrityError, StorageError
+from slurm_bt.weights import cache_layout, node_cache
+from slurm_bt.weights.node_cache import MEDIUM_BATCH_MIN, NodeAudience, NodeCache
+from tests.unit.test_cache_node import _cluster
+from tests.unit.test_cache_support import allow, random_bytes
+
+MiB = 1 << 20
+
+
+def _shards(n: int, mib: int = 2) -> dict[str, bytes]:
+    return {f"model-{i:05d}.safetensors": random_bytes(mib * MiB + i, 500 + i) for i in range(n)}
+
+
+def _blob_names(n: NodeCache) -> set[str]:
+    return {p.name for p in n.layout.blobs.iterdir()} if n.layout.blobs.exists() else set()
+
+
+class _Counts:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, crash_after: int | None = None) -> None:
+        self.syncfs = 0
+        self.fsync = 0
+        real_fsync = os.fsync
+
+        def counting_syncfs(fd: int) -> None:
+            self.syncfs += 1
+            real_syncfs(fd)
+
+        def counting_fsync(fd: int) -> None:
+            self.fsync += 1
+            real_fsync(fd)
+
+        monkeypatch.setattr("slurm_bt.weights.cache_layout.syncfs", counting_syncfs)
+        monkeypatch.setattr(os, "fsync", counting_fsync)
+
+
+def test_medium_blobs_share_one_syncfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = {**_shards(8), "config.json": b"{}"}
+    c, m = _cluster(tmp_path, files)
+    n = NodeCache(tmp_path / "n", 1 << 30)
+    counts = _Counts(monkeypatch)
+    snap = n.stage(m, c, "1", authorize=allow)
+    monkeypatch.undo()
+    for p, b in files.items():
+        assert (snap / p).read_bytes() == b
+        st = (snap / p).stat()
+        assert (st.st_mode & 0o777, st.st_nlink) == (0o444, 2)
+    assert _blob_names(n) == {f.sha256 for f in m.files}
+    assert counts.syncfs == 1, "8 medium blobs (16 MiB) are one batch"
+    # the old path: an fsync of each blob and of blobs/ (16 for 8 blobs) on top of ~9 for the rest
+    # (config, lease, snapshot, marker: 26 in all); now one of blobs/ for the whole batch
+    assert counts.fsync <= 12, f"{counts.fsync} fsyncs for 8 medium blobs"
+    assert list(n.layout.tmp.iterdir()) == []
+
+
+def test_batches_are_bounded_in_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node_cache, "MEDIUM_BATCH_BYTES", 5 * MiB)
+    c, m = _cluster(tmp_path, _shards(8))
+    n = NodeCache(tmp_path / "n", 1 << 30)
+    counts = _Counts(monkeypatch)
+    n.stage(m, c, "1", authorize=allow)
+    monkeypatch.undo()
+    assert n.is_ready(m)
+    assert 3 <= counts.syncfs <= 4, f"{counts.syncfs} syncfs for 16 MiB in batches of >= 5 MiB"
+
+
+def test_few_medium_blobs_keep_the_per_blob_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c, m = _cluster(tmp_path, _shards(MEDIUM_BATCH_MIN - 1))
+    n = NodeCache(tmp_path / "n", 1 << 30)
+
+    def no_syncfs(fd: int) -> None:
+        raise AssertionError("syncfs for a handful of medium blobs")
+
+    monkeypatch.setattr("slurm_bt.weights.cache_layout.syncfs", no_syncfs)
+    n.stage(m, c, "1", authorize=allow)
+    assert n.is_ready(m)
+
+
+def test_mismatching_medium_blob_fails_the_stage_and_nothing_stays(tmp_path: Path) -> None:
+    """A corrupt medium blob in a team tier: the stage fails, no blob of it (or of its batch) is
+    named, no temp is left; with a right copy in a later tier that one is used."""
+    files = _shards(6)
+    c, m = _cluster(tmp_path, files)
+    bad = m.files[2]
+    p = c.layout.blob(bad.sha256)
+    os.chmod(p, 0o644)
+    p.write_bytes(random_bytes(bad.size, 77))
+    n = NodeCache(tmp_path / "n", 1 << 30)
+    with pytest.raises(CacheIntegrityError):
+        n.stage(m, c, "1", authorize=allow)
+    assert _blob_names(n) == set() and list(n.layout.tmp.iterdir()) == []
+    assert not n.layout.is_complete(m) and n.leases(m.manifest_id) == []
+    good, _ = _cluster(tmp_path, files, name="good")
+    snap = n.stage(m, [c, good], "2", authorize=allow)
+    assert (snap / bad.path).read_bytes() == files[bad.path]
+
+
+def test_syncfs_failure_publishes_no_medium_blob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c, m = _cluster(tmp_path, _shards(5))
+    n = NodeCache(tmp_path / "n", 1 << 30)
+
+    def failing(fd: int) -> None:
+        raise StorageError(f"/proc/self/fd/{fd}", "syncfs failed: Input/output error")
+
+    monkeypatch.setattr("slurm_bt.weights.cache_layout.syncfs", failing)
+    with pytest.raises(StorageError, match="syncfs failed"):
+        n.stage(m, c, "1", authorize=allow)
+    assert _blob_names(n) == set() and list(n.layout.tmp.iterdir()) == []
+    assert not n.layout.is_complete(m)
+
+
+def test_crash_before_the_medium_syncfs_names_nothing(tmp_path: Path) -> None:
+    """kill -9 of the writer when its medium blobs are written but not flushed: no blob has a
+    name, the temps are a dead writer's (gc_temp removes them at once), the next stage works."""
+    c, m = _cluster(tmp_path, _shards(5))
+    n = NodeCache(tmp_path / "n", 1 << 30)
+    n.layout.ensure()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            def crash(_fd: int) -> None:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            setattr(cache_layout, "syncfs", crash)  # in this child only
+            n.stage(m, c, "1", authorize=allow)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert _blob_names(n) == set() and not n.layout.is_complete(m)
+    temps = list(n.layout.tmp.iterdir())
+    assert len(temps) == 5 and all(f"blob.{pid}_" in t.name for t in temps)
+    assert all(t.stat().st_mode & 0o777 == 0o444 for t in temps)  # sealed before the flush
+    assert len(n.gc_temp()) == 5
+    n.stage(m, c, "2", authorize=allow)
+    assert n.is_ready(m)
+
+
+def test_group_sealed_medium_blobs(tmp_path: Path) -> None:
+    c, m = _cluster(tmp_path, _shards(4))
+    gid = 4243
+    n = NodeCache(tmp_path / "n", 1 << 30, audience=NodeAudience("team-b", gid))
+    snap = n.stage(m, c, "1", authorize=allow)
+    for f in m.files:
+        st = (snap / f.path).stat()
+        assert (st.st_mode & 0o777, st.st_gid) == (0o440, gid)
+
+
+def test_cancelled_fill_removes_unpublished_medium_temps(tmp_path: Path) -> None:
+    c, m = _cluster(tmp_path, _shards(6))
+    n = NodeCache(tmp_path / "n", 1 << 30)
+    n.join(m, "1", authorize=allow)
+    seen = [0]
+
+    class Cancelled(Exception):
+        pass
+
+    def progress(_n: int) -> None:
+        seen[0] += 1
+        if seen[0] == 4:
+            raise Cancelled
+
+    with pytest.raises(Cancelled):
+        n.fill(m, [c], progress=progress)
+    assert _blob_names(n) == set() and list(n.layout.tmp.iterdir()) == []
+    n.fill(m, [c])
+    assert n.is_ready(m)
