@@ -62,6 +62,7 @@ __all__ = [
     "FetchResult",
     "download_file",
     "download_manifest",
+    "each_in_threads",
     "fetch_file",
     "fetch_small",
     "hash_remote_file",
@@ -539,6 +540,45 @@ def fetch_small(
         raise
     os.close(fd)
     return FetchResult(actual, file.size, tmp)
+
+
+def each_in_threads(fn: Callable[[Any], Any], items: list[Any], workers: int, *,
+                    name: str = "bt-file") -> list[Any]:
+    """``[fn(x) for x in items]`` run by ``workers`` threads that take the next item from one shared
+    list; results in ``items``' order. The first failure stops the hand-out and is raised once every
+    thread has stopped (items already started finish).
+
+    Why not ``ThreadPoolExecutor.map``: it makes a future per item and the caller wakes up to collect
+    each one; with 10,000 small files that is 10,000 futures and as many GIL hand-offs to the waiting
+    thread, on the two cores the transfer and the server share.
+    """
+    results: list[Any] = [None] * len(items)
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    pending = iter(range(len(items)))
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = None if errors else next(pending, None)
+            if i is None:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:
+                with lock:
+                    errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=work, name=f"{name}-{n}", daemon=True)
+               for n in range(max(1, min(workers, len(items))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def hash_remote_file(source: Backend, file: RemoteFile, *, options: DownloadOptions | None = None) -> str:

@@ -265,7 +265,7 @@ def stage_source(
     """
     from slurm_bt.storage.registry import open_backend
     from slurm_bt.storage.url import parse_source_uri
-    from slurm_bt.weights.download import DownloadOptions, fetch_file, fetch_small
+    from slurm_bt.weights.download import DownloadOptions, each_in_threads, fetch_file, fetch_small
 
     opts: DownloadOptions = options or DownloadOptions(max_files=16)  # many small files: overlap fsyncs
     t0 = time.monotonic()
@@ -327,9 +327,8 @@ def stage_source(
                                 fetch_into_tier(rf)
                     return mf
 
-                with ThreadPoolExecutor(opts.max_workers, thread_name_prefix="bt-part") as parts, \
-                        ThreadPoolExecutor(opts.max_files, thread_name_prefix="bt-file") as filepool:
-                    got = list(filepool.map(one, sorted(remote, key=lambda f: -f.size)))
+                with ThreadPoolExecutor(opts.max_workers, thread_name_prefix="bt-part") as parts:
+                    got = each_in_threads(one, sorted(remote, key=lambda f: -f.size), opts.max_files)
                 progress.print_line()
             manifest = Manifest(kind=listing.uri.kind, source=listing.uri.canonical, revision=revision,
                                 files=tuple(got))

@@ -424,3 +424,36 @@ def test_fetch_file_through_readinto_resumes_and_verifies(tmp_path: Path) -> Non
     with pytest.raises(IntegrityError):
         fetch_file(IntoSource({"m": bad}), _remote("m", body), tmp_path / "x", options=opts)
     assert os.listdir(tmp_path / "x") == []
+
+
+# -- the staging loop's threads ------------------------------------------------------------------------------
+
+
+def test_each_in_threads_keeps_order_and_stops_handing_out_after_a_failure() -> None:
+    import threading
+    import time
+
+    from slurm_bt.weights.download import each_in_threads
+
+    seen: set[str] = set()
+
+    def square(x: int) -> int:
+        seen.add(threading.current_thread().name)
+        time.sleep(0.001)
+        return x * x
+
+    assert each_in_threads(square, list(range(200)), 4) == [x * x for x in range(200)]
+    assert 1 < len(seen) <= 4  # the work was shared, by no more threads than asked
+    started: list[int] = []
+
+    def fail_at_3(x: int) -> int:
+        started.append(x)
+        if x == 3:
+            raise ValueError("boom")
+        time.sleep(0.01)
+        return x
+
+    with pytest.raises(ValueError, match="boom"):
+        each_in_threads(fail_at_3, list(range(1000)), 2)
+    assert len(started) < 10  # nothing more was handed out once an item failed
+    assert each_in_threads(lambda x: x, [], 8) == []
