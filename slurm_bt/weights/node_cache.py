@@ -402,6 +402,7 @@ class NodeCache:
         # SmallBlobWriter does (write-back errors reach only descriptors opened before them).
         sync_fd = os.open(self.layout.tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if medium else -1
         deferred: list[tuple[str, str, int]] = []
+        flushed = time.monotonic()
         try:
             with ThreadPoolExecutor(max_workers=self.copy_workers, thread_name_prefix="stage") as pool:
                 futures = {pool.submit(self._copy_blob, f, clusters, need, progress, f.sha256 in medium): f
@@ -411,9 +412,11 @@ class NodeCache:
                         result = fut.result()
                         if isinstance(result, str):  # written, verified, sealed; not yet durable or named
                             deferred.append((result, f.sha256, f.size))
-                            if not errors and sum(t[2] for t in deferred) >= MEDIUM_BATCH_BYTES:
+                            if not errors and (sum(t[2] for t in deferred) >= MEDIUM_BATCH_BYTES
+                                               or time.monotonic() - flushed >= MEDIUM_BATCH_S):
                                 batch, deferred = deferred, []
                                 publish_blob_batch(sync_fd, batch, os.fspath(self.layout.blobs), published)
+                                flushed = time.monotonic()
                         elif result:
                             published.append(f.sha256)
                     except BaseException as exc:
@@ -905,6 +908,10 @@ SMALL_BATCH_FILES = 4096
 MEDIUM_BATCH_MIN = 4
 #: Bytes of medium blobs per batch: one ``syncfs`` each, and what a crash mid-copy can cost.
 MEDIUM_BATCH_BYTES = 1 << 30
+#: ... or seconds of copying, whichever comes first: a slow (rate-capped) node stager still makes
+#: its progress durable every second or so, so a killed one resumes from there (§3.1), while a
+#: fast copy (about 1 GB/s) still needs one flush per ~50 blobs of 20 MiB instead of 100 fsyncs.
+MEDIUM_BATCH_S = 1.0
 #: Blobs at least this big are copied resumably by the node stager (smaller ones restart whole).
 RESUME_MIN_BYTES = 128 << 20
 #: How often a resumable copy makes its prefix durable and records it.

@@ -46,6 +46,7 @@ class _Counts:
 
 
 def test_medium_blobs_share_one_syncfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node_cache, "MEDIUM_BATCH_S", 3600.0)  # a slow test machine must not split it
     files = {**_shards(8), "config.json": b"{}"}
     c, m = _cluster(tmp_path, files)
     n = NodeCache(tmp_path / "n", 1 << 30)
@@ -66,6 +67,7 @@ def test_medium_blobs_share_one_syncfs(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_batches_are_bounded_in_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(node_cache, "MEDIUM_BATCH_BYTES", 5 * MiB)
+    monkeypatch.setattr(node_cache, "MEDIUM_BATCH_S", 3600.0)
     c, m = _cluster(tmp_path, _shards(8))
     n = NodeCache(tmp_path / "n", 1 << 30)
     counts = _Counts(monkeypatch)
@@ -73,6 +75,26 @@ def test_batches_are_bounded_in_bytes(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.undo()
     assert n.is_ready(m)
     assert 3 <= counts.syncfs <= 4, f"{counts.syncfs} syncfs for 16 MiB in batches of >= 5 MiB"
+
+
+def test_batches_are_bounded_in_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow (rate-capped) node stager makes its progress durable as it goes, not once at the end:
+    with a bound of 0 s every blob is its own batch, published as soon as it is copied."""
+    monkeypatch.setattr(node_cache, "MEDIUM_BATCH_S", 0.0)
+    c, m = _cluster(tmp_path, _shards(5))
+    n = NodeCache(tmp_path / "n", 1 << 30)
+    n.join(m, "1", authorize=allow)
+    named: list[int] = []  # blobs already under their name at each syncfs
+
+    def recording_syncfs(fd: int) -> None:
+        named.append(len(_blob_names(n)))
+        real_syncfs(fd)
+
+    monkeypatch.setattr("slurm_bt.weights.cache_layout.syncfs", recording_syncfs)
+    n.fill(m, [c], progress=lambda _n: None)
+    monkeypatch.undo()
+    assert named == [0, 1, 2, 3, 4]
+    assert n.is_ready(m)
 
 
 def test_few_medium_blobs_keep_the_per_blob_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
