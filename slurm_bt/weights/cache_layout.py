@@ -623,10 +623,10 @@ class SmallBlobWriter:
     * ``tree`` given (the node copy of an entry whose snapshot is not built yet): straight into
       the entry's snapshot temp tree (:func:`new_snapshot_tree`), at the file's manifest path, and
       that very inode is then linked to ``blobs/<sha256>``. The snapshot needs both names anyway,
-      so a small file costs one create and one link, as in ``cp -a`` plus the one link, instead of
-      a create in ``.tmp/``, a link to ``blobs/``, an unlink of the temp and a link into the
-      snapshot: directory updates in the journal, not bytes, bound a copy of thousands of 4 KiB
-      files (docs/weights-cache.md §3.3). The tree has a ``tmp_name`` too and nobody trusts it
+      so a small file costs one create (as in ``cp -a``) and one link, instead of a create in
+      ``.tmp/``, a link to ``blobs/``, an unlink of the temp and a link into the snapshot:
+      directory updates in the journal, not bytes, bound a copy of thousands of 4 KiB files
+      (docs/weights-cache.md §3.3). The tree has a ``tmp_name`` too and nobody trusts it
       until :func:`build_snapshot` renames it into place and the COMPLETE marker follows.
       :attr:`placed` lists the manifest paths whose tree file is its blob (so the snapshot build
       skips them). If the blob is already under its name (another entry's stage published the same
@@ -641,8 +641,7 @@ class SmallBlobWriter:
     before any file is written: Linux reports a write-back error only to descriptors opened before
     it happened. One writer, one thread (the node cache's small blobs are done in a tight loop:
     a thread pool costs more than a 4 KiB copy). Names are resolved against directory descriptors
-    opened once (``blobs/`` and each tree directory), not full paths: one path walk per directory
-    instead of several per file.
+    opened once (``blobs/``, ``.tmp/`` and the tree's root), not full paths from ``/``.
     """
 
     def __init__(self, layout: CacheLayout, *, tree: Path | None = None) -> None:
