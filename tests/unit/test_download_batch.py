@@ -457,3 +457,30 @@ def test_each_in_threads_keeps_order_and_stops_handing_out_after_a_failure() -> 
         each_in_threads(fail_at_3, list(range(1000)), 2)
     assert len(started) < 10  # nothing more was handed out once an item failed
     assert each_in_threads(lambda x: x, [], 8) == []
+
+
+def test_the_writer_dir_spreads_its_subdirectories_where_the_filesystem_can(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+    import struct
+
+    from slurm_bt.weights.cluster_cache import spread_subdirs
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if not spread_subdirs(probe):
+        pytest.skip("this filesystem has no FS_TOPDIR_FL (ext4 has)")
+    with ClusterCache(tmp_path / "tier").writer_dir() as wdir:
+        fd = os.open(wdir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            flags = struct.unpack("i", fcntl.ioctl(fd, 0x80086601, b"\0" * 4))[0]
+        finally:
+            os.close(fd)
+        assert flags & 0x00020000  # chattr +T: ext4 spreads the .fan-* subdirectories over block groups
+
+    def refuse(*args: Any) -> bytes:
+        raise OSError(25, "Inappropriate ioctl for device")
+
+    monkeypatch.setattr(fcntl, "ioctl", refuse)  # a filesystem without the flag: only a hint, no error
+    with ClusterCache(tmp_path / "tier2").writer_dir() as wdir:
+        assert wdir.is_dir()
