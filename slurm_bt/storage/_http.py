@@ -11,9 +11,9 @@ Small whole-object GETs (the 10,000-small-files case) skip urllib3 too: :class:`
 one HTTP/1.1 connection per thread and reads ``Content-Length`` bytes straight into memory. urllib3
 costs ~0.44 ms of CPU per request on the bench VM (URL re-parsing and percent-normalizing of a
 presigned query byte by byte, pool lookup, ``email`` header parsing, response objects), the lean
-path ~0.1 ms; with 10,000 requests on two cores shared with the server that was most of the gap to
-s5cmd. Anything it does not handle exactly (a redirect, chunked or unframed bodies, ``1xx``) is
-answered by urllib3 as before.
+path ~0.14 ms; with 10,000 requests on two cores shared with the server that was most of the gap to
+s5cmd. Anything it does not frame exactly (chunked or unframed bodies, ``1xx``) is answered by
+urllib3 as before.
 """
 
 from __future__ import annotations
@@ -31,7 +31,19 @@ from urllib.parse import urlsplit
 from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError, SourceUnavailableError
 from slurm_bt.storage.base import BodyStream
 
-__all__ = ["SMALL_BODY_MAX", "SmallGets", "http_status_error", "make_pool", "open_http_range"]
+__all__ = ["SMALL_BODY_MAX", "SmallGets", "describe_error", "http_status_error", "make_pool", "open_http_range"]
+
+_QUERY = re.compile(r"\?[^\s'\"()]*")
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of a transport error with every URL query cut off.
+
+    Why: urllib3 names the URL in some errors (``MaxRetryError``: "... with url: /key?X-Amz-...");
+    a presigned URL's query is a credential (anyone holding it may read the object until it
+    expires) and messages end up in job logs.
+    """
+    return f"{type(exc).__name__}: {_QUERY.sub('?…', str(exc))}"
 
 
 def make_pool(connect_timeout_s: float, read_timeout_s: float, max_connections: int, *,
@@ -101,7 +113,7 @@ def open_http_range(
                           "https_ca_bundle in the site file", file=file) from exc
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise SourceUnavailableError(
-            uri, f"origin unreachable: {type(exc).__name__}: {exc}", file=file, offset=start, transient=True
+            uri, f"origin unreachable: {describe_error(exc)}", file=file, offset=start, transient=True
         ) from exc
     if resp.status not in (200, 206):
         resp.drain_conn()
@@ -142,7 +154,7 @@ class _HttpBody(BodyStream):
                 buf[:n] = data
         except self._errors as exc:
             raise SourceUnavailableError(
-                self._uri, f"connection failed while reading: {type(exc).__name__}: {exc}",
+                self._uri, f"connection failed while reading: {describe_error(exc)}",
                 file=self._file, offset=self._pos, transient=True,
             ) from exc
         self._pos += n
@@ -181,10 +193,12 @@ class SmallGets:
     ``limit`` bytes, is received whole before the caller sees it. What it answers is what
     :func:`open_http_range` would: the same status mapping (:func:`http_status_error`), ``partial``
     from 206, a short body delivered then failing as a transient read error at the byte reached (the
-    engine resumes there with ``Range``). A request on a kept-alive connection that the server had
+    engine resumes there with ``Range``), a redirect refused ("unexpected HTTP 307", as urllib3 with
+    :func:`make_pool`'s settings answers it). A request on a kept-alive connection that the server had
     already closed is resent once on a new connection, as urllib3 does. The first answer it cannot
-    frame exactly (3xx, chunked, no ``Content-Length``, 1xx) turns it off for good (:attr:`disabled`)
-    and :meth:`get` returns None: the caller asks urllib3, which handles it as it always has.
+    frame exactly (chunked, no ``Content-Length``, 1xx, conflicting lengths) turns it off for good
+    (:attr:`disabled`) and :meth:`get` returns None: the caller asks urllib3, which handles it as it
+    always has.
 
     Bounds: a head above 64 KiB is a protocol error; nothing beyond ``limit`` body bytes is held
     (a longer body is cut there and its connection closed); error bodies above 64 KiB are not read.
@@ -314,7 +328,7 @@ class SmallGets:
     def _describe(self, exc: BaseException) -> str:
         if isinstance(exc, BlockingIOError):  # SO_RCVTIMEO/SO_SNDTIMEO ran out (see _connect)
             return f"TimeoutError: no progress for {self._read_timeout:g} s"
-        return f"{type(exc).__name__}: {exc}"
+        return describe_error(exc)
 
     def _exchange(self, key: tuple[str, str], request: bytes, *, uri: str, file: str, start: int,
                   limit: int) -> BodyStream:
@@ -387,8 +401,9 @@ class SmallGets:
 
     def _body(self, key: tuple[str, str], conn: _Conn, status: int, fields: dict[str, str], head_end: int,
               got: int, *, uri: str, file: str, start: int, limit: int) -> BodyStream:
-        if status < 200 or 300 <= status < 400 or "transfer-encoding" in fields:
+        if status < 200 or "transfer-encoding" in fields:
             raise _NotMine()
+        # 3xx: refused like every status but 200/206, as the urllib3 pool does (make_pool: no redirects)
         length_field = fields.get("content-length")
         if length_field is None:
             raise _NotMine()  # the body would run to the connection's end: urllib3 reads that

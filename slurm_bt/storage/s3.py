@@ -527,7 +527,9 @@ class S3Backend(Backend):
             finally:
                 resp.release_conn() if resp.isclosed() else resp.close()
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise SourceUnavailableError(self.url.canonical, f"origin unreachable: {type(exc).__name__}: {exc}",
+            from slurm_bt.storage._http import describe_error
+
+            raise SourceUnavailableError(self.url.canonical, f"origin unreachable: {describe_error(exc)}",
                                          transient=True) from exc
         if len(body) > _LIST_PAGE_MAX:
             raise SourceError(self.url.canonical, f"a listing page is more than {_LIST_PAGE_MAX} bytes")

@@ -255,14 +255,11 @@ def test_silence_times_out_with_the_read_timeout(serve: Any) -> None:
 @pytest.mark.parametrize("answer", [
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1388\r\n" + BODY + b"\r\n0\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + BODY,  # no Content-Length: the body runs to the close
-    b"HTTP/1.1 307 Temporary Redirect\r\nLocation: /elsewhere/key\r\nContent-Length: 0\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\nContent-Length: 4000\r\n\r\n" + BODY,
 ])
 def test_answers_only_urllib3_frames_go_to_urllib3_which_answers_as_before(serve: Any, answer: bytes) -> None:
     def reply(req: bytes, n: int) -> tuple[bytes, bool]:
-        if b"/elsewhere/" in req or n > 1:
-            return ok(BODY), False
-        return answer, True
+        return (ok(BODY), False) if n > 1 else (answer, True)
 
     server = serve(reply)
     backend = _s3_backend(server.url)
@@ -356,3 +353,32 @@ def test_tls_is_verified_against_the_given_ca_only(tmp_path: Path) -> None:
         assert not err.value.transient  # retrying cannot fix a certificate nobody vouches for
     finally:
         server.stop()
+
+
+def test_a_redirect_is_refused_as_the_urllib3_pool_refuses_it(serve: Any) -> None:
+    from slurm_bt.storage._http import make_pool, open_http_range
+
+    redirect = b"HTTP/1.1 307 Temporary Redirect\r\nLocation: /elsewhere/key\r\nContent-Length: 0\r\n\r\n"
+    server = serve(lambda req, n: (ok(BODY), False) if b"/elsewhere/" in req else (redirect, False))
+    pool = make_pool(5, 5, 2)
+    with pytest.raises(SourceError, match="unexpected HTTP 307") as before:
+        open_http_range(pool, server.url + "/bkt/key", uri="s3://bkt", file="key", start=0, end=None, headers={})
+    pool.clear()
+    gets = SmallGets(5, 5)
+    with pytest.raises(SourceError, match="unexpected HTTP 307") as now:
+        _get(gets, server.url)
+    assert str(now.value) == str(before.value) and not now.value.transient
+    assert not gets.disabled and all(b"/elsewhere/" not in r for r in server.requests)  # never followed
+    assert _get(gets, server.url + "/elsewhere").read(1 << 20) == BODY  # the connection is still good
+    gets.close()
+
+
+def test_no_error_message_carries_a_presigned_query() -> None:
+    import urllib3.exceptions
+
+    from slurm_bt.storage._http import describe_error
+
+    exc = urllib3.exceptions.MaxRetryError(None, "/bkt/key?X-Amz-Credential=AKID%2F&X-Amz-Signature=s3cr3t",  # type: ignore[arg-type]
+                                           ValueError("too many redirects"))
+    text = describe_error(exc)
+    assert "s3cr3t" not in text and "AKID" not in text and text.startswith("MaxRetryError: ")
