@@ -261,7 +261,9 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
             stub.assert_no_pending_responses()
         return files
 
-    ep = StorageEndpoints(s3_endpoint_url="http://127.0.0.1:9", s3_addressing_style="path")
+    # s3_data_plane=boto3: botocore lists (the Stubber answers); the presigned plane lists with its own
+    # parser (tests/unit/test_s3_listing.py) and shares the checksum logic tested here.
+    ep = StorageEndpoints(s3_endpoint_url="http://127.0.0.1:9", s3_addressing_style="path", s3_data_plane="boto3")
     files = listing(ep, [{"ChecksumCRC32": base64.b64encode(crc).decode(), "ChecksumType": "FULL_OBJECT"}])
     etag = OriginChecksum("md5", md5, "ETag", maybe_not_content_hash=True)
     assert files["small.json"].checksums == (etag,)
@@ -274,7 +276,8 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
     assert files["small-crc.bin"].checksums == (etag,)  # small and MD5 ETag: no HEAD for a CRC
     composite: dict[str, object] = {"ChecksumCRC32": base64.b64encode(crc).decode() + "-3", "ChecksumType": "COMPOSITE"}
     assert listing(ep, [composite])["big.bin"].checksums == (etag,)
-    off = StorageEndpoints(s3_endpoint_url="http://127.0.0.1:9", s3_addressing_style="path", s3_etag_md5=False)
+    off = StorageEndpoints(s3_endpoint_url="http://127.0.0.1:9", s3_addressing_style="path", s3_etag_md5=False,
+                           s3_data_plane="boto3")
     files = listing(off, [composite, composite], check_params=False)  # no MD5 ETag: HEAD every CRC object
     assert all(f.checksums == () for f in files.values())
 
