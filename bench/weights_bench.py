@@ -188,12 +188,51 @@ def best_of(run: Callable[[], float], cleanup: Callable[[], None] = lambda: None
     return min(out)
 
 
-def drop_tree(p: Path) -> None:
+# Trees of many files are not deleted between timed runs but moved here, and deleted (then a pause)
+# before the next dataset. Why: this VM's ext4 root has no journal, and in that mode ext4 skips the
+# inodes freed in the last seconds when it allocates new ones (a scan that put ~60% of a small-file
+# run's time in ext4_create): whichever client ran right after a deleted 10,000-file tree took 4-8 s
+# instead of 0.3-0.9 s, ours and cp -a alike, so the small-file ratios swung 0.9x-6.6x between runs.
+GRAVE: list[Path] = []  # [the graveyard directory], set by workdir()
+MANY_FILES = 1000
+INODE_SETTLE_S = 40  # ext4's window for recently freed inodes is 5-35 s
+
+
+def _many_files(p: Path) -> bool:
+    n = 0
+    for _, _, files in os.walk(p):
+        n += len(files)
+        if n >= MANY_FILES:
+            return True
+    return False
+
+
+def _remove(p: Path) -> None:
     for d, dirs, _ in os.walk(p):
         for x in dirs:
             with contextlib.suppress(OSError):
                 os.chmod(os.path.join(d, x), 0o755)
     shutil.rmtree(p, ignore_errors=True)
+
+
+def drop_tree(p: Path) -> None:
+    """Remove ``p``; a tree of many files goes to the graveyard (see GRAVE) instead."""
+    if GRAVE and p.is_dir() and _many_files(p):
+        p.rename(GRAVE[0] / f"{len(os.listdir(GRAVE[0]))}-{p.name}")
+        return
+    _remove(p)
+
+
+def purge_grave(*, settle: bool) -> None:
+    """Delete the graveyard's trees; with ``settle``, wait out ext4's recently-freed-inode window."""
+    if not GRAVE or not os.listdir(GRAVE[0]):
+        return
+    for entry in os.listdir(GRAVE[0]):
+        _remove(GRAVE[0] / entry)
+    sync()
+    if settle:
+        log(f"deleted trees of many files; {INODE_SETTLE_S} s for ext4's freed-inode window")
+        time.sleep(INODE_SETTLE_S)
 
 
 def sync() -> None:
@@ -699,14 +738,19 @@ def write_report(out_dir: Path, args: argparse.Namespace, elapsed: float) -> Non
 def workdir() -> Iterator[Path]:
     base = Path(os.environ.get("BENCH_WORKDIR", "/var/tmp"))
     d = Path(tempfile.mkdtemp(prefix="bt-weights-bench-", dir=base))
+    GRAVE[:] = [d / "grave"]
+    GRAVE[0].mkdir()
     try:
         yield d
     finally:
-        drop_tree(d)
+        purge_grave(settle=False)
+        GRAVE.clear()
+        _remove(d)
 
 
 def run_dataset(ds: Dataset, sections: set[str], work: Path) -> None:
     """One dataset through the chosen sections, then removed (see the module doc for the order)."""
+    purge_grave(settle=True)
     need = 3 * ds.total + 2 * GiB
     if free_bytes(work) < need:
         RESULTS["notes"].append(f"{ds.name} skipped: needs ~{need / GiB:.0f} GiB free in {work}, "
