@@ -26,7 +26,7 @@ import struct
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError, SourceUnavailableError
 from slurm_bt.storage.base import BodyStream
@@ -84,6 +84,33 @@ def http_status_error(status: int, uri: str, *, file: str | None, offset: int | 
     return SourceError(uri, f"unexpected HTTP {status} for {what}", file=file, offset=offset)
 
 
+MAX_REDIRECTS = 5
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# Sent to the origin the caller named, never to another one a redirect points at (a CDN).
+_ORIGIN_ONLY_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
+def _origin(parts: Any) -> tuple[str, str, int | None]:
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _redirect_target(current: str, location: str | None, hop: int, *, uri: str, file: str) -> str:
+    """Where a redirect from ``current`` leads, or a SourceError (no Location, a loop, a downgrade).
+
+    The Location itself never reaches a message: a CDN's is usually signed (a credential).
+    """
+    if not location:
+        raise SourceError(uri, f"redirect without a Location for file {file!r}", file=file)
+    if hop >= MAX_REDIRECTS:
+        raise SourceError(uri, f"more than {MAX_REDIRECTS} redirects for file {file!r}", file=file)
+    target = urljoin(current, location)
+    old, new = urlsplit(current), urlsplit(target)
+    if new.scheme not in ("http", "https") or (old.scheme == "https" and new.scheme != "https"):
+        raise SourceError(uri, f"redirect from https to {new.scheme or 'no scheme'} refused for file {file!r}",
+                          file=file)
+    return target
+
+
 def open_http_range(
     pool: Any,
     url: str,
@@ -93,8 +120,15 @@ def open_http_range(
     start: int,
     end: int | None,
     headers: Mapping[str, str],
+    follow_redirects: bool = False,
 ) -> BodyStream:
     """GET ``url`` for bytes ``[start, end)``; ``partial`` tells whether the Range was honoured.
+
+    ``follow_redirects``: follow up to :data:`MAX_REDIRECTS` redirects (the Hugging Face Hub answers
+    ``resolve`` of every LFS file with a 302 to its CDN). ``Range`` travels on; ``Authorization``
+    and cookies only while the origin (scheme, host, port) stays the one asked; https never
+    leads to plain http. Without it a redirect is an "unexpected HTTP 3xx" error (object stores
+    and presigned URLs do not redirect a GET that is right).
 
     Raises:
         SourceError: mapped from the status (see :func:`http_status_error`); connection failures
@@ -105,16 +139,27 @@ def open_http_range(
     hdrs = dict(headers)
     if start > 0 or end is not None:
         hdrs["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
-    try:
-        resp = pool.request("GET", url, headers=hdrs, preload_content=False, decode_content=False)
-    except urllib3.exceptions.SSLError as exc:
-        # A certificate the trusted CAs do not vouch for is not transient: retrying cannot fix it.
-        raise SourceError(uri, f"TLS verification failed: {exc}; trust the server's CA with "
-                          "https_ca_bundle in the site file", file=file) from exc
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise SourceUnavailableError(
-            uri, f"origin unreachable: {describe_error(exc)}", file=file, offset=start, transient=True
-        ) from exc
+    target, first = url, _origin(urlsplit(url))
+    for hop in range(MAX_REDIRECTS + 1):
+        try:
+            resp = pool.request("GET", target, headers=hdrs, preload_content=False, decode_content=False,
+                                redirect=False)
+        except urllib3.exceptions.SSLError as exc:
+            # A certificate the trusted CAs do not vouch for is not transient: retrying cannot fix it.
+            raise SourceError(uri, f"TLS verification failed: {exc}; trust the server's CA with "
+                              "https_ca_bundle in the site file", file=file) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise SourceUnavailableError(
+                uri, f"origin unreachable: {describe_error(exc)}", file=file, offset=start, transient=True
+            ) from exc
+        if not (follow_redirects and resp.status in _REDIRECT_STATUSES):
+            break
+        location = resp.headers.get("Location")
+        resp.drain_conn()
+        resp.release_conn()
+        target = _redirect_target(target, location, hop, uri=uri, file=file)
+        if _origin(urlsplit(target)) != first:
+            hdrs = {k: v for k, v in hdrs.items() if k.lower() not in _ORIGIN_ONLY_HEADERS}
     if resp.status not in (200, 206):
         resp.drain_conn()
         resp.release_conn()

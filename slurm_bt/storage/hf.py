@@ -131,7 +131,8 @@ class HfBackend(Backend):
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
         return open_http_range(
-            self._pool, url, uri=self.uri.canonical, file=file.path, start=start, end=end, headers=headers
+            self._pool, url, uri=self.uri.canonical, file=file.path, start=start, end=end, headers=headers,
+            follow_redirects=True,
         )
 
     def stat(self, path: str) -> RemoteFile:

@@ -258,3 +258,28 @@ def test_kill_9_mid_body_then_rerun(fake_hub: FakeHub, repo: tuple[str, dict[str
     removed = remove_stale_temps(dest)
     assert [p.name for p in removed] == names
     assert _blob_names(dest) == [m.files[0].sha256]
+
+
+def test_lfs_files_follow_the_hubs_redirect_to_its_cdn_without_the_token(
+    fake_hub: FakeHub, tmp_path: Path  # noqa: F811
+) -> None:
+    """The real Hub answers ``resolve`` of every LFS file with a 302 to its CDN (another origin).
+
+    Before, the pool refused every redirect ("unexpected HTTP 302"): no LFS weight of a real Hub
+    repo could be downloaded. The token must not travel to the CDN; Range must.
+    """
+    files = {"config.json": b'{"a": 1}', "model.safetensors": _rand(5 * MiB + 7, 9)}
+    fake_hub.add_repo("acme/cdn", files, private=True, readers={"good"})
+    creds = Credentials(token="good")
+    fake_hub.lfs_cdn = True
+    fake_hub.cdn_auth.clear()
+    try:
+        m = resolve("hf://acme/cdn", credentials=creds, endpoints=ep(fake_hub), options=FAST)
+        out = download_manifest(m, tmp_path, credentials=creds, endpoints=ep(fake_hub), options=FAST)
+    finally:
+        fake_hub.lfs_cdn = False
+    assert {p: b.read_bytes() for p, b in out.items()} == files
+    assert fake_hub.cdn_auth, "the LFS file must have come from the CDN route"
+    assert fake_hub.cdn_auth == [None] * len(fake_hub.cdn_auth)  # never the Hub token
+    cdn_ranged = [r for r in fake_hub.requests if r[1].startswith("/cdn-lfs/") and r[2]]
+    assert len(cdn_ranged) >= 5  # 5 MiB in 1 MiB parts, each its own redirected ranged GET

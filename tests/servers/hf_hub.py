@@ -9,7 +9,11 @@ It implements what huggingface_hub 2.x and our HF source need:
 * auth like the Hub: a private repo without a reader token is 401 ``RepoNotFound``; a gated repo
   is 401 without a token and 403 ``GatedRepo`` with a token that lacks access;
 * repo ids are looked up case-insensitively and answered in their canonical case;
-* branches that tests can move (:meth:`FakeHub.commit`).
+* branches that tests can move (:meth:`FakeHub.commit`);
+* with :attr:`FakeHub.lfs_cdn` set, like the real Hub: ``GET resolve`` of an LFS file answers 302
+  to ``http://localhost:<port>/cdn-lfs/<sha256>?X-Sig=...`` (another origin: ``localhost``, not
+  ``127.0.0.1``), which serves the bytes (``Range`` too); :attr:`FakeHub.cdn_auth` records the
+  ``Authorization`` each CDN request carried.
 
 Fault knobs (:class:`Faults`, set per test with :meth:`FakeHub.faults`): reset the connection
 (RST) after N body bytes, flip one byte (same length), stall, ignore ``Range``, answer a status.
@@ -90,6 +94,11 @@ class FakeHub:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._sha_cache: dict[int, tuple[bytes, str]] = {}
+        #: Redirect LFS downloads to the "CDN" route on another origin (see the module doc).
+        self.lfs_cdn = False
+        #: The ``Authorization`` header (or None) of every CDN request, in order.
+        self.cdn_auth: list[str | None] = []
+        self._cdn: dict[str, bytes] = {}
 
     # -- state -------------------------------------------------------------------------------
 
@@ -284,6 +293,8 @@ class _Handler(BaseHTTPRequestHandler):
                                 repo_id, rev, sub, query.get("recursive", ["false"])[0].lower() == "true")
                 if len(rest) in (1, 2):
                     return self._revision("/".join(unquote(p) for p in rest), "main")
+            if len(parts) == 2 and parts[0] == "cdn-lfs":
+                return self._cdn_get(parts[1])
             for i in (1, 2):
                 if len(parts) > i + 2 and parts[i] == "resolve":
                     repo_id = "/".join(unquote(p) for p in parts[:i])
@@ -357,6 +368,26 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.status is not None:
             self._error(fault.status, "Injected", "injected failure")
             return
+        if lfs and self.hub.lfs_cdn and self.command == "GET":
+            with self.hub._lock:
+                self.hub._cdn[etag] = data
+            port = self.server.server_address[1]
+            self._send(302, b"", {**headers, "Location": f"http://localhost:{port}/cdn-lfs/{etag}?X-Sig=secret-sig"})
+            return
+        self._serve(data, headers, fault)
+
+    def _cdn_get(self, sha: str) -> None:
+        with self.hub._lock:
+            self.hub.cdn_auth.append(self.headers.get("Authorization"))
+            data = self.hub._cdn.get(sha)
+        if data is None:
+            self._error(404, "EntryNotFound", "no such CDN object")
+            return
+        self._serve(data, {"ETag": f'"{sha}"', "Accept-Ranges": "bytes"}, None)
+
+    def _serve(self, data: bytes, headers: dict[str, str], fault: Faults | None) -> None:
+        """The body (or the ``Range`` of it) with ``headers``; ``fault`` applied to the body."""
+        size = len(data)
         start, end = 0, size - 1
         rng = self.headers.get("Range")
         status = 200
