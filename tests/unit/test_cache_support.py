@@ -7,7 +7,11 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from slurm_bt.atomic import syncfs as real_syncfs
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
 
@@ -69,3 +73,40 @@ def random_bytes(n: int, seed: int = 0) -> bytes:
         h = hashlib.sha256(h).digest()
         out += h * 64 if n > 1 << 20 else h
     return bytes(out[:n])
+
+
+class Cancelled(Exception):
+    """What a test's progress callback raises to cancel a node fill (as the node stager's does)."""
+
+
+def fill_cancelled_after(node: Any, manifest: Manifest, tier: Any, calls: int) -> None:
+    """``node.fill(manifest, [tier])`` whose progress callback cancels on its ``calls``-th call."""
+    seen = [0]
+
+    def progress(_n: int) -> None:
+        seen[0] += 1
+        if seen[0] == calls:
+            raise Cancelled
+
+    with pytest.raises(Cancelled):
+        node.fill(manifest, [tier], progress=progress)
+
+
+class SyncCounts:
+    """Counts cache_layout's ``syncfs`` and every ``os.fsync`` while ``monkeypatch`` is active."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.syncfs = 0
+        self.fsync = 0
+        real_fsync = os.fsync
+
+        def counting_syncfs(fd: int) -> None:
+            self.syncfs += 1
+            real_syncfs(fd)
+
+        def counting_fsync(fd: int) -> None:
+            self.fsync += 1
+            real_fsync(fd)
+
+        monkeypatch.setattr("slurm_bt.weights.cache_layout.syncfs", counting_syncfs)
+        monkeypatch.setattr(os, "fsync", counting_fsync)

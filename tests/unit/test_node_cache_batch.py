@@ -17,7 +17,7 @@ from slurm_bt.weights.cache_layout import SmallBlobWriter, copy_and_hash, hash_p
 from slurm_bt.weights.cluster_cache import ClusterCache
 from slurm_bt.weights.node_cache import SMALL_BATCH_MIN, NodeCache
 from tests.unit.test_cache_node import _cluster, _tmpfs
-from tests.unit.test_cache_support import allow, make_manifest, random_bytes
+from tests.unit.test_cache_support import SyncCounts, allow, fill_cancelled_after, make_manifest, random_bytes
 
 MiB = 1 << 20
 
@@ -46,19 +46,7 @@ def test_small_blobs_share_one_syncfs_and_no_per_file_fsync(tmp_path: Path, monk
     files = {**_small_files(60), "model.safetensors": random_bytes(3 * MiB, 7)}
     c, m = _cluster(tmp_path, files)
     n = NodeCache(tmp_path / "n", 1 << 30)
-    syncs, fsyncs = _Count(), _Count()
-    real_fsync = os.fsync
-
-    def counting_syncfs(fd: int) -> None:
-        syncs.n += 1
-        real_syncfs(fd)
-
-    def counting_fsync(fd: int) -> None:
-        fsyncs.n += 1
-        real_fsync(fd)
-
-    monkeypatch.setattr("slurm_bt.weights.cache_layout.syncfs", counting_syncfs)
-    monkeypatch.setattr(os, "fsync", counting_fsync)
+    counts = SyncCounts(monkeypatch)
     snap = n.stage(m, c, "1", authorize=allow)
     for p, b in files.items():
         assert (snap / p).read_bytes() == b
@@ -66,14 +54,20 @@ def test_small_blobs_share_one_syncfs_and_no_per_file_fsync(tmp_path: Path, monk
         assert (snap / p).stat().st_nlink == 2  # the snapshot file is the blob (hard link)
     assert _blob_names(n) == {f.sha256 for f in m.files}
     # one syncfs for the 60 small blobs; the snapshot (7 dirs) is fsynced dir by dir
-    assert 1 <= syncs.n <= 2
-    assert fsyncs.n < 20, f"{fsyncs.n} fsyncs for 60 small blobs: the batch should need a handful"
+    assert 1 <= counts.syncfs <= 2
+    assert counts.fsync < 20, f"{counts.fsync} fsyncs for 60 small blobs: the batch should need a handful"
     assert list(n.layout.tmp.iterdir()) == []
 
 
-def test_few_small_blobs_keep_the_per_blob_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below ``SMALL_BATCH_MIN`` no syncfs: it would flush every other writer's dirty pages too."""
-    c, m = _cluster(tmp_path, _small_files(SMALL_BATCH_MIN - 1))
+@pytest.mark.parametrize("kind", ["small", "medium"])
+def test_few_blobs_keep_the_per_blob_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Below ``SMALL_BATCH_MIN`` small / ``MEDIUM_BATCH_MIN`` medium blobs no syncfs: it would flush
+    every other writer's dirty pages too."""
+    from slurm_bt.weights.node_cache import MEDIUM_BATCH_MIN
+    from tests.unit.test_node_cache_medium import _shards
+
+    files = _small_files(SMALL_BATCH_MIN - 1) if kind == "small" else _shards(MEDIUM_BATCH_MIN - 1)
+    c, m = _cluster(tmp_path, files)
     n = NodeCache(tmp_path / "n", 1 << 30)
 
     def no_syncfs(fd: int) -> None:
@@ -154,8 +148,12 @@ def test_trusted_tier_small_blob_of_wrong_size_is_rejected(tmp_path: Path) -> No
     assert _blob_names(n) == set()
 
 
-def test_syncfs_failure_is_an_error_and_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    c, m = _cluster(tmp_path, _small_files(40))
+@pytest.mark.parametrize("kind", ["small", "medium"])
+def test_syncfs_failure_is_an_error_and_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          kind: str) -> None:
+    from tests.unit.test_node_cache_medium import _shards
+
+    c, m = _cluster(tmp_path, _small_files(40) if kind == "small" else _shards(5))
     n = NodeCache(tmp_path / "n", 1 << 30)
 
     def failing(fd: int) -> None:
@@ -200,29 +198,21 @@ def test_cancelled_batch_leaves_no_temp_and_keeps_published_batches(tmp_path: Pa
     c, m = _cluster(tmp_path, _small_files(50))
     n = NodeCache(tmp_path / "n", 1 << 30)
     n.join(m, "1", authorize=allow)
-    seen = _Count()
-
-    class Cancelled(Exception):
-        pass
-
-    def progress(_n: int) -> None:
-        seen.n += 1
-        if seen.n == 30:
-            raise Cancelled
-
-    with pytest.raises(Cancelled):
-        n.fill(m, [c], progress=progress)
+    fill_cancelled_after(n, m, c, 30)
     assert len(_blob_names(n)) == 20 and list(n.layout.tmp.iterdir()) == []
+    assert list(n.layout.snapshots.iterdir()) == []  # the batch's temp snapshot tree went too
     assert n.missing_bytes(m) == 30 * 4096
     n.fill(m, [c])
-    assert n.is_ready(m)
+    assert n.is_ready(m) and sorted(p.name for p in n.layout.snapshots.iterdir()) == [m.manifest_id]
 
 
-def test_group_sealed_small_blobs(tmp_path: Path) -> None:
-    """Credentialed entries (private/<team>): small blobs are 0440 with the team's group too."""
+@pytest.mark.parametrize("kind", ["small", "medium"])
+def test_group_sealed_batched_blobs(tmp_path: Path, kind: str) -> None:
+    """Credentialed entries (private/<team>): batched small and medium blobs are 0440 with the team's group too."""
     from slurm_bt.weights.node_cache import NodeAudience
+    from tests.unit.test_node_cache_medium import _shards
 
-    c, m = _cluster(tmp_path, _small_files(20))
+    c, m = _cluster(tmp_path, _small_files(20) if kind == "small" else _shards(4))
     gid = 4242
     n = NodeCache(tmp_path / "n", 1 << 30, audience=NodeAudience("team-a", gid))
     snap = n.stage(m, c, "1", authorize=allow)

@@ -194,32 +194,6 @@ def test_writer_tree_mode_refuses_a_file_swapped_before_publish(tmp_path: Path) 
     assert _blob_names(n) == set() and not os.path.lexists(tree / "a.txt")
 
 
-def test_cancelled_fill_leaves_no_temp_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The node stager cancelled mid-batch: the published batches stay as blobs, the temp tree goes."""
-    from slurm_bt.weights import node_cache
-
-    monkeypatch.setattr(node_cache, "SMALL_BATCH_FILES", 20)
-    c, m = _cluster(tmp_path, _small_files(50))
-    n = NodeCache(tmp_path / "n", 1 << 30)
-    n.join(m, "1", authorize=allow)
-    seen = [0]
-
-    class Cancelled(Exception):
-        pass
-
-    def progress(_n: int) -> None:
-        seen[0] += 1
-        if seen[0] == 30:
-            raise Cancelled
-
-    with pytest.raises(Cancelled):
-        n.fill(m, [c], progress=progress)
-    assert len(_blob_names(n)) == 20
-    assert list(n.layout.snapshots.iterdir()) == [] and list(n.layout.tmp.iterdir()) == []
-    n.fill(m, [c])
-    assert n.is_ready(m) and sorted(p.name for p in n.layout.snapshots.iterdir()) == [m.manifest_id]
-
-
 def test_damaged_snapshot_is_rebuilt_through_the_temp_path(tmp_path: Path) -> None:
     """A snapshot already under its name (not intact, no marker) keeps the .tmp/ temp path for new
     blobs and is rebuilt whole."""

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.atomic import syncfs as real_syncfs
-from slurm_bt.errors import CacheIntegrityError, StorageError
+from slurm_bt.errors import CacheIntegrityError
 from slurm_bt.weights import cache_layout, node_cache
-from slurm_bt.weights.node_cache import MEDIUM_BATCH_MIN, NodeAudience, NodeCache
+from slurm_bt.weights.node_cache import NodeCache
 from tests.unit.test_cache_node import _cluster
-from tests.unit.test_cache_support import allow, random_bytes
+from tests.unit.test_cache_support import SyncCounts, allow, fill_cancelled_after, random_bytes
 
 MiB = 1 << 20
 
@@ -27,30 +27,12 @@ def _blob_names(n: NodeCache) -> set[str]:
     return {p.name for p in n.layout.blobs.iterdir()} if n.layout.blobs.exists() else set()
 
 
-class _Counts:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, crash_after: int | None = None) -> None:
-        self.syncfs = 0
-        self.fsync = 0
-        real_fsync = os.fsync
-
-        def counting_syncfs(fd: int) -> None:
-            self.syncfs += 1
-            real_syncfs(fd)
-
-        def counting_fsync(fd: int) -> None:
-            self.fsync += 1
-            real_fsync(fd)
-
-        monkeypatch.setattr("slurm_bt.weights.cache_layout.syncfs", counting_syncfs)
-        monkeypatch.setattr(os, "fsync", counting_fsync)
-
-
 def test_medium_blobs_share_one_syncfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(node_cache, "MEDIUM_BATCH_S", 3600.0)  # a slow test machine must not split it
     files = {**_shards(8), "config.json": b"{}"}
     c, m = _cluster(tmp_path, files)
     n = NodeCache(tmp_path / "n", 1 << 30)
-    counts = _Counts(monkeypatch)
+    counts = SyncCounts(monkeypatch)
     snap = n.stage(m, c, "1", authorize=allow)
     monkeypatch.undo()
     for p, b in files.items():
@@ -70,7 +52,7 @@ def test_batches_are_bounded_in_bytes(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(node_cache, "MEDIUM_BATCH_S", 3600.0)
     c, m = _cluster(tmp_path, _shards(8))
     n = NodeCache(tmp_path / "n", 1 << 30)
-    counts = _Counts(monkeypatch)
+    counts = SyncCounts(monkeypatch)
     n.stage(m, c, "1", authorize=allow)
     monkeypatch.undo()
     assert n.is_ready(m)
@@ -97,18 +79,6 @@ def test_batches_are_bounded_in_time(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert n.is_ready(m)
 
 
-def test_few_medium_blobs_keep_the_per_blob_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    c, m = _cluster(tmp_path, _shards(MEDIUM_BATCH_MIN - 1))
-    n = NodeCache(tmp_path / "n", 1 << 30)
-
-    def no_syncfs(fd: int) -> None:
-        raise AssertionError("syncfs for a handful of medium blobs")
-
-    monkeypatch.setattr("slurm_bt.weights.cache_layout.syncfs", no_syncfs)
-    n.stage(m, c, "1", authorize=allow)
-    assert n.is_ready(m)
-
-
 def test_mismatching_medium_blob_fails_the_stage_and_nothing_stays(tmp_path: Path) -> None:
     """A corrupt medium blob in a team tier: the stage fails, no blob of it (or of its batch) is
     named, no temp is left; with a right copy in a later tier that one is used."""
@@ -126,20 +96,6 @@ def test_mismatching_medium_blob_fails_the_stage_and_nothing_stays(tmp_path: Pat
     good, _ = _cluster(tmp_path, files, name="good")
     snap = n.stage(m, [c, good], "2", authorize=allow)
     assert (snap / bad.path).read_bytes() == files[bad.path]
-
-
-def test_syncfs_failure_publishes_no_medium_blob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    c, m = _cluster(tmp_path, _shards(5))
-    n = NodeCache(tmp_path / "n", 1 << 30)
-
-    def failing(fd: int) -> None:
-        raise StorageError(f"/proc/self/fd/{fd}", "syncfs failed: Input/output error")
-
-    monkeypatch.setattr("slurm_bt.weights.cache_layout.syncfs", failing)
-    with pytest.raises(StorageError, match="syncfs failed"):
-        n.stage(m, c, "1", authorize=allow)
-    assert _blob_names(n) == set() and list(n.layout.tmp.iterdir()) == []
-    assert not n.layout.is_complete(m)
 
 
 def test_crash_before_the_medium_syncfs_names_nothing(tmp_path: Path) -> None:
@@ -169,32 +125,11 @@ def test_crash_before_the_medium_syncfs_names_nothing(tmp_path: Path) -> None:
     assert n.is_ready(m)
 
 
-def test_group_sealed_medium_blobs(tmp_path: Path) -> None:
-    c, m = _cluster(tmp_path, _shards(4))
-    gid = 4243
-    n = NodeCache(tmp_path / "n", 1 << 30, audience=NodeAudience("team-b", gid))
-    snap = n.stage(m, c, "1", authorize=allow)
-    for f in m.files:
-        st = (snap / f.path).stat()
-        assert (st.st_mode & 0o777, st.st_gid) == (0o440, gid)
-
-
 def test_cancelled_fill_removes_unpublished_medium_temps(tmp_path: Path) -> None:
     c, m = _cluster(tmp_path, _shards(6))
     n = NodeCache(tmp_path / "n", 1 << 30)
     n.join(m, "1", authorize=allow)
-    seen = [0]
-
-    class Cancelled(Exception):
-        pass
-
-    def progress(_n: int) -> None:
-        seen[0] += 1
-        if seen[0] == 4:
-            raise Cancelled
-
-    with pytest.raises(Cancelled):
-        n.fill(m, [c], progress=progress)
+    fill_cancelled_after(n, m, c, 4)
     assert _blob_names(n) == set() and list(n.layout.tmp.iterdir()) == []
     n.fill(m, [c])
     assert n.is_ready(m)
