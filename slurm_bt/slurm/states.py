@@ -16,7 +16,8 @@ state unknown (``None``/``""``)                QUEUED                 sbatch acc
                                                                       squeue nor sacct lists it yet;
                                                                       truss's CLI poller starts here
 staging job failed, training job never ran     DEPLOY_FAILED          truss: "failed during deployment"
-(PENDING, or CANCELLED ``Dependency*``)
+(PENDING, or CANCELLED ``Dependency*``, or
+CANCELLED by no user / by root)
 PENDING/CANCELLED with a launch-failure        DEPLOY_FAILED          the node Prolog failed: Slurm
 reason (``launch failed requeued held``,                              requeues the job *held* (it would
 ``JobLaunchFailure``, ``Prolog ...``)                                 wait for an admin forever)
@@ -318,12 +319,17 @@ def lifecycle(
     if not name:
         return result(TrainingJobStatus.QUEUED)
 
-    never_ran = state in PENDING_STATES or (
-        state is SlurmState.CANCELLED
-        and (any(m in why_l for m in _DEPENDENCY_MARKERS) or started is False)
-    )
     staging_failed = (
         staging is not None and staging in TERMINAL_STATES and staging is not SlurmState.COMPLETED
+    )
+    # A job waits for its staging job (afterok), so with the staging job failed a CANCELLED job
+    # that no user cancelled (no "by <uid>", or by root: slurmctld's dependency kill) never ran,
+    # even when its row does not say so yet: on 22.05 the first answer after the kill can read
+    # plain "CANCELLED" with no reason and Start = End set (seen in the hostile image test).
+    never_ran = state in PENDING_STATES or (
+        state is SlurmState.CANCELLED
+        and (any(m in why_l for m in _DEPENDENCY_MARKERS) or started is False
+             or (staging_failed and cancelled_by in (None, 0)))
     )
     if staging_failed and never_ran:
         return result(TrainingJobStatus.DEPLOY_FAILED)

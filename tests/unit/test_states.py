@@ -86,6 +86,12 @@ TABLE: list[tuple[str | None, dict[str, object], TrainingJobStatus, str]] = [
         S.DEPLOY_FAILED,
         "CANCELLED; staging job FAILED",
     ),
+    (  # 22.05, right after slurmctld cancels the dependent job: no reason yet, Start = End set
+        "CANCELLED",
+        {"reason": "None", "staging_state": "FAILED", "started": True},
+        S.DEPLOY_FAILED,
+        "CANCELLED; staging job FAILED",
+    ),
     (  # a job that ran and was then cancelled by its user stays STOPPED, whatever its staging job did
         "CANCELLED by 1001",
         {"reason": "None", "staging_state": "FAILED", "started": True},
