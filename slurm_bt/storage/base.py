@@ -330,6 +330,11 @@ class Backend:
         """Whether ``file``'s ETag really is its content's MD5 (asked only after an MD5 mismatch)."""
         return True
 
+    def exact_check(self, file: RemoteFile, check: OriginChecksum) -> OriginChecksum | None:
+        """``check`` over the real part lengths when its assumed layout was wrong (asked only after a
+        per-part mismatch, storage/s3.py); None: the layout was right, or cannot be known."""
+        return None
+
     def presigned_url(self, path: str, expires_s: int) -> str:
         """A URL anyone holding it can GET ``path`` with for ``expires_s`` seconds (``train get_checkpoint_urls``).
 

@@ -13,7 +13,8 @@ must be boto3 anyway:
 
 * listing and ``stat``: ``ListObjectsV2`` gives ``ChecksumAlgorithm``; the HEADs that follow send
   ``ChecksumMode=ENABLED`` and ``If-Match`` (the full-object SHA256/CRC of the *listed* version),
-  which s3fs's ``info`` does not;
+  and ``partNumber`` for a multipart object's part layout (its ETag and COMPOSITE checksums are
+  per part), which s3fs's ``info`` does not;
 * the data plane: each GET is presigned by boto3 (local SigV4, no network call) and read by the
   urllib3 range engine with ``If-Match`` = the listed ETag (``_http.py``); ``s3_data_plane=boto3``
   reads through botocore instead (the checkpoint store does);
@@ -26,6 +27,7 @@ must be boto3 anyway:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import threading
@@ -38,7 +40,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 
 from slurm_bt.errors import SourceAccessError, SourceError, SourceNotFoundError, SourceUnavailableError
 from slurm_bt.storage.base import Backend, BodyStream, Listing, Pinned, RangeStream, RemoteFile, TransportOptions
-from slurm_bt.storage.checksums import ChecksumKind, OriginChecksum, b64_to_hex, s3_etag_md5
+from slurm_bt.storage.checksums import ChecksumKind, OriginChecksum, b64_to_hex, computable, s3_etag_md5
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.storage.transfer import UploadOptions
@@ -56,6 +58,13 @@ _MISSING_CODES = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
 # MiB on the bench VM (weights bench, 200 x 20 MiB: 1.05 s with MD5, 0.73 s with CRC32), on the cores
 # the transfer needs: above 8 MiB the HEAD is the cheaper of the two.
 _HEAD_MIN_SIZE = 8 * 1024 * 1024
+# What a ChecksumMode HEAD may carry, as S3 spells the fields.
+_HEAD_CHECKSUMS: tuple[tuple[str, ChecksumKind], ...] = (
+    ("ChecksumCRC64NVME", "crc64nvme"), ("ChecksumCRC32C", "crc32c"), ("ChecksumCRC32", "crc32"),
+    ("ChecksumSHA1", "sha1"), ("ChecksumSHA256", "sha256"))
+# A multipart object whose parts are not all equal but the last has its part lengths asked one HEAD
+# each (16 at a time) to check its per-part ETag or checksum; past this many parts it is not checked.
+_MAX_PART_HEADS = 1000
 
 
 @dataclass(frozen=True)
@@ -370,31 +379,51 @@ class S3Backend(Backend):
         return retry_transient(once, 2)
 
     # -- checksums -------------------------------------------------------------------------------
-    def _etag_check(self, etag: str | None) -> tuple[OriginChecksum, ...]:
-        md5 = s3_etag_md5(etag) if self.settings.etag_md5 else None
-        # maybe_not_content_hash: SSE-KMS / SSE-C ETags look the same; a mismatch asks etag_is_md5.
-        return (OriginChecksum("md5", md5, "ETag", maybe_not_content_hash=True),) if md5 else ()
+    def _etag_check(self, etag: str | None, parts: tuple[int, ...] = (), assumed: bool = False,
+                    ) -> tuple[OriginChecksum, ...]:
+        """The ETag as an MD5 check: of the content (single part), or of the part MD5s (``parts`` known)."""
+        if not self.settings.etag_md5 or not etag:
+            return ()
+        md5 = s3_etag_md5(etag)
+        if md5:  # maybe_not_content_hash: SSE-KMS / SSE-C ETags look the same; a mismatch asks etag_is_md5.
+            return (OriginChecksum("md5", md5, "ETag", maybe_not_content_hash=True),)
+        value, _, count = etag.strip().strip('"').lower().partition("-")
+        if parts and s3_etag_md5(value) and count == str(len(parts)):
+            return (OriginChecksum("md5", value, f"ETag (multipart, {len(parts)} parts)", maybe_not_content_hash=True,
+                                   part_sizes=parts, layout_assumed=assumed),)
+        return ()
 
-    def _checks_from_head(self, head: dict[str, Any], key: str) -> tuple[str | None, tuple[OriginChecksum, ...]]:
-        if head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
-            return None, ()  # a COMPOSITE (per-part) checksum says nothing about the whole content
+    def _checks_from_head(self, head: dict[str, Any], key: str, parts: tuple[int, ...] = (), assumed: bool = False,
+                          ) -> tuple[str | None, tuple[OriginChecksum, ...]]:
+        """(full-object sha256 or None, the other checks) from a ``ChecksumMode=ENABLED`` HEAD.
+
+        A ``COMPOSITE`` value (``<base64>-<n>``: the algorithm over the parts' digests) is a check only
+        when the part layout is known (``parts``, from :meth:`_part_layout`).
+        """
+        whole = head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT"
         sha: str | None = None
         checks: list[OriginChecksum] = []
-        fields: tuple[tuple[str, ChecksumKind], ...] = (("ChecksumCRC32C", "crc32c"), ("ChecksumCRC32", "crc32"))
         try:
-            value = head.get("ChecksumSHA256")
-            if value and "-" not in value:
-                sha = b64_to_hex(value)
-            for field, kind in fields:
+            for field, kind in _HEAD_CHECKSUMS:
                 value = head.get(field)
-                if value and "-" not in value:
-                    hexv = b64_to_hex(value)
-                    assert hexv is not None
-                    checks.append(OriginChecksum(kind, hexv, f"x-amz-checksum-{kind}"))
+                if not value:
+                    continue
+                b64, _, count = str(value).partition("-")
+                hexv = b64_to_hex(b64)
+                assert hexv is not None
+                if whole and not count:
+                    if kind == "sha256":
+                        if len(hexv) != 64:
+                            raise SourceError(self.url.canonical,
+                                              f"object {key!r} has a malformed x-amz-checksum-sha256")
+                        sha = hexv
+                    else:
+                        checks.append(OriginChecksum(kind, hexv, f"x-amz-checksum-{kind}"))
+                elif parts and kind != "crc64nvme" and count in ("", str(len(parts))):
+                    checks.append(OriginChecksum(kind, hexv, f"x-amz-checksum-{kind} (composite, {len(parts)} parts)",
+                                                 part_sizes=parts, layout_assumed=assumed))
         except ValueError as exc:
             raise SourceError(self.url.canonical, f"object {key!r} has a malformed checksum header") from exc
-        if sha is not None and len(sha) != 64:
-            raise SourceError(self.url.canonical, f"object {key!r} has a malformed x-amz-checksum-sha256")
         return sha, tuple(checks)
 
     def head(self, key: str, etag: str | None = None) -> dict[str, Any]:
@@ -404,10 +433,90 @@ class S3Backend(Backend):
             kwargs["IfMatch"] = etag  # the checksums of the listed version, not of a later overwrite
         return dict(self.call(self._meta.head_object, **kwargs))
 
+    def _head_part(self, key: str, etag: str | None, part: int) -> tuple[int, int] | None:
+        """(length, parts count) of one part of a multipart object, or None from a store without part HEADs."""
+        from botocore.exceptions import ClientError
+
+        kwargs: dict[str, Any] = {"Bucket": self.url.container, "Key": key, "PartNumber": part}
+        if etag:
+            kwargs["IfMatch"] = etag
+
+        def head_part(**kw: Any) -> dict[str, Any] | None:
+            try:
+                return dict(self._meta.head_object(**kw))
+            except ClientError as exc:
+                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+                if status in (400, 405, 416, 501):  # partNumber not supported: no per-part check
+                    return None
+                raise
+
+        head = self.call(head_part, **kwargs)
+        if head is None:
+            return None
+        return int(head.get("ContentLength") or 0), int(head.get("PartsCount") or 0)
+
+    def _exact_parts(self, key: str, etag: str | None, count: int) -> tuple[int, ...] | None:
+        """Every part's length (one HEAD each, 16 at a time), or None past ``_MAX_PART_HEADS`` parts."""
+        if not 0 < count <= _MAX_PART_HEADS:
+            return None
+        with ThreadPoolExecutor(min(16, count), thread_name_prefix="bt-head") as pool:
+            heads = list(pool.map(lambda n: self._head_part(key, etag, n), range(1, count + 1)))
+        sizes = tuple(h[0] for h in heads if h is not None)
+        return sizes if len(sizes) == count and all(n > 0 for n in sizes) else None
+
+    def _part_layout(self, key: str, etag: str | None, size: int) -> tuple[tuple[int, ...], bool]:
+        """(part lengths, assumed) of a multipart object; ((), False) when they cannot be known.
+
+        One HEAD of part 1 gives its length and the part count. Every common uploader (boto3, the
+        AWS CLI, s5cmd, rclone) cuts equal parts but the last, so that layout is taken when the size
+        fits it (``assumed``: a mismatch then asks every part's length before refusing,
+        :meth:`exact_check`); a size that fits no such layout asks every part's length at once.
+        """
+        got = self._head_part(key, etag, 1)
+        if got is None:
+            return (), False
+        first, count = got
+        if first <= 0 or count <= 0:
+            return (), False
+        if count == 1:
+            return ((size,) if first == size else ()), False
+        last = size - first * (count - 1)
+        if 0 < last <= first:
+            return (first,) * (count - 1) + (last,), count > 2
+        exact = self._exact_parts(key, etag, count)
+        return (exact, False) if exact is not None and sum(exact) == size else ((), False)
+
+    def _file_checks(self, key: str, size: int, etag: str | None, head: dict[str, Any] | None,
+                     ) -> tuple[str | None, tuple[OriginChecksum, ...]]:
+        """sha256 and checks of one listed object: HEAD's full-object values, else the per-part ones."""
+        sha, checks = self._checks_from_head(head, key) if head is not None else (None, ())
+        checks += self._etag_check(etag)
+        multipart = bool(etag) and "-" in str(etag)
+        per_part_values = self.settings.etag_md5 or (head is not None and any(
+            "-" in str(head.get(field) or "") for field, _ in _HEAD_CHECKSUMS))
+        if sha is None and multipart and per_part_values and not any(computable(c.kind) for c in checks):
+            # Nothing covers the content as a whole (a multipart upload without a FULL_OBJECT
+            # checksum, what boto3, the AWS CLI and s5cmd make): check the per-part values instead.
+            parts, assumed = self._part_layout(key, etag, size)
+            if parts:
+                _, composite = self._checks_from_head(head, key, parts, assumed) if head is not None else (None, ())
+                checks = tuple(c for c in composite if c.per_part) + self._etag_check(etag, parts, assumed)
+        return sha, checks
+
+    def exact_check(self, file: RemoteFile, check: OriginChecksum) -> OriginChecksum | None:
+        """``check`` with every part's real length, when its assumed equal-part layout was wrong (else None)."""
+        if not check.layout_assumed:
+            return None
+        exact = self._exact_parts(self.url.key_for(file.path), file.etag, len(check.part_sizes))
+        if exact is None or exact == check.part_sizes or sum(exact) != file.size:
+            return None
+        return dataclasses.replace(check, part_sizes=exact, layout_assumed=False)
+
     def _remote_from_head(self, path: str, head: dict[str, Any], key: str) -> RemoteFile:
-        sha, crcs = self._checks_from_head(head, key)
         etag = head.get("ETag")
-        return RemoteFile(path, int(head["ContentLength"]), sha, etag=etag, checksums=crcs + self._etag_check(etag))
+        size = int(head["ContentLength"])
+        sha, checks = self._file_checks(key, size, etag, head)
+        return RemoteFile(path, size, sha, etag=etag, checksums=checks)
 
     def stat(self, path: str) -> RemoteFile:
         """One HEAD with ``ChecksumMode=ENABLED`` (see the module docstring for why not s3fs)."""
@@ -449,28 +558,31 @@ class S3Backend(Backend):
                     algos = set(obj.get("ChecksumAlgorithm", []))
                     multipart = bool(etag) and "-" in str(etag)
                     head = ("SHA256" in algos
-                            or (bool(algos & {"CRC32", "CRC32C"}) and (not self._etag_check(etag)
-                                                                      or size >= _HEAD_MIN_SIZE))
+                            # A multipart object: a full-object checksum if it has one, else the
+                            # per-part values its HEAD (and the part layout) give.
+                            or multipart
+                            or (bool(algos & {"CRC32", "CRC32C", "CRC64NVME"})
+                                and (not self._etag_check(etag) or size >= _HEAD_MIN_SIZE))
                             # Some stores keep full-object checksums but do not list them (SeaweedFS);
-                            # a multipart object has nothing else that covers its content, and for a
-                            # big single-part one the HEAD may find a CRC that replaces the MD5
-                            # (docs/storage.md: ~2 s of CPU per 2 GiB on the bench VM).
-                            or (not algos and (multipart or size >= _HEAD_MIN_SIZE)))
+                            # for a big single-part object the HEAD may find a CRC that replaces the
+                            # MD5 (docs/storage.md: ~2 s of CPU per 2 GiB on the bench VM).
+                            or (not algos and size >= _HEAD_MIN_SIZE))
                     found.append((path, key, size, etag, head))
         except SourceError:
             raise
         except Exception as exc:
             raise self.map_error(exc) from exc
+        files: list[RemoteFile] = []
+        wanted = [(key, size, etag) for _, key, size, etag, head in found if head]
         heads: dict[str, tuple[str | None, tuple[OriginChecksum, ...]]] = {}
-        wanted = [(key, etag) for _, key, _, etag, head in found if head]
         if wanted:
             with ThreadPoolExecutor(min(16, self.options.max_connections), thread_name_prefix="bt-head") as pool:
-                heads = dict(zip((k for k, _ in wanted), pool.map(
-                    lambda ke: self._checks_from_head(self.head(ke[0], ke[1]), ke[0]), wanted), strict=True))
-        files: list[RemoteFile] = []
+                heads = dict(zip((k for k, _, _ in wanted), pool.map(
+                    lambda kse: self._file_checks(kse[0], kse[1], kse[2], self.head(kse[0], kse[2])), wanted),
+                    strict=True))
         for path, key, size, etag, _ in found:
-            sha, crcs = heads.get(key, (None, ()))
-            files.append(RemoteFile(path, size, sha, etag=etag, checksums=crcs + self._etag_check(etag)))
+            sha, checks = heads.get(key) or (None, self._etag_check(etag))
+            files.append(RemoteFile(path, size, sha, etag=etag, checksums=checks))
         if not files and prefix:
             try:
                 one = self.head(prefix)

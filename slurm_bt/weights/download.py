@@ -34,6 +34,7 @@ a killed stager leaves only its ``.<name>.tmp-<pid>-<hex>`` file, which
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import re
@@ -153,21 +154,32 @@ def _feed(sha: Any, side: Hasher | None, chunk: bytes | memoryview) -> None:
         _side_update(side, chunk)
 
 
-def _check_origin(source: Backend, file: RemoteFile, check: OriginChecksum, got: str, *, published: bool) -> None:
+def _check_origin(source: Backend, file: RemoteFile, check: OriginChecksum, got: str, *, published: bool,
+                  reread: Callable[[OriginChecksum], str] | None = None) -> None:
     """Raise IntegrityError unless ``got`` is the origin's ``check`` (or the check turns out not to apply).
 
     An S3/R2 ETag may look like an MD5 without being one (SSE-KMS, SSE-C): only after a mismatch is
     the source asked (one HEAD); a source that cannot answer counts as "it is an MD5" (fail closed).
+    A per-part value computed over an *assumed* part layout (equal parts but the last) is recomputed
+    by ``reread`` over the real one (one HEAD per part) before the file is refused: an uploader that
+    cut unequal parts must not look like corruption.
     """
     if got == check.value:
         return
+    if check.layout_assumed and reread is not None:
+        exact_check = getattr(source, "exact_check", None)
+        exact = exact_check(file, check) if exact_check is not None else None
+        if exact is not None:
+            _check_origin(source, file, exact, reread(exact), published=published)
+            return
     if check.maybe_not_content_hash:
         confirm = getattr(source, "etag_is_md5", None)
         if confirm is not None and not confirm(file):
             return
     raise SourceIntegrityError(
         source.uri.canonical,
-        f"{check.kind} of the received bytes does not match the origin's {check.label} (corrupted in "
+        f"{'per-part ' if check.per_part else ''}{check.kind} of the received bytes does not match the origin's "
+        f"{check.label} (corrupted in "
         f"transit or at the origin){'; not published' if published else ''}",
         file=file.path, expected=check.value, actual=got)
 
@@ -189,6 +201,21 @@ def _thread_buffer(size: int, *, hashing: bool = False) -> memoryview:
         buf = bytearray(size)
         setattr(_buffers, name, buf)
     return memoryview(buf)
+
+
+def _hash_fd(fd: int, check: OriginChecksum, size: int) -> str:
+    """``check``'s digest of the first ``size`` bytes of ``fd`` (a temp file, re-read from the page cache)."""
+    h = new_hasher(check, size)
+    assert h is not None  # the same kind as the check already computed
+    buf = _thread_buffer(_HASH_CHUNK, hashing=True)
+    pos = 0
+    while pos < size:
+        n = os.preadv(fd, [buf[:min(_HASH_CHUNK, size - pos)]], pos)
+        if not n:
+            break
+        h.update(buf[:n])
+        pos += n
+    return h.hexdigest()
 
 
 class _RangeIgnored(Exception):
@@ -414,7 +441,8 @@ def fetch_file(
                                  expected=expected, actual=actual)
         if check is not None and transfer.side is not None:
             assert isinstance(file, RemoteFile)
-            _check_origin(source, file, check, transfer.side.hexdigest(), published=True)
+            _check_origin(source, file, check, transfer.side.hexdigest(), published=True,
+                          reread=lambda c: _hash_fd(fd, c, file.size))
         final = dest_dir / actual
         closed = True
         _publish(fd, tmp, final, options.file_mode)
@@ -524,7 +552,14 @@ def fetch_small(
     if check is not None and side is not None:  # pick_check picks only what can be computed here
         assert isinstance(file, RemoteFile)
         side.update(body)
-        _check_origin(source, file, check, side.hexdigest(), published=True)
+
+        def reread(c: OriginChecksum) -> str:
+            h = new_hasher(c, file.size)
+            assert h is not None
+            h.update(body)
+            return h.hexdigest()
+
+        _check_origin(source, file, check, side.hexdigest(), published=True, reread=reread)
     tmp, fd = _create_fanned(dest_dir, actual)
     try:
         view = memoryview(body)
@@ -627,7 +662,12 @@ def hash_remote_file(source: Backend, file: RemoteFile, *, options: DownloadOpti
             if stream is not None:
                 stream.close()
     if check is not None and side is not None:
-        _check_origin(source, file, check, side.hexdigest(), published=False)
+        def restream(c: OriginChecksum) -> str:
+            # Nothing was kept: stream the object again, checked against ``c`` (raises on a mismatch).
+            hash_remote_file(source, dataclasses.replace(file, checksums=(c,)), options=options)
+            return c.value
+
+        _check_origin(source, file, check, side.hexdigest(), published=False, reread=restream)
     digest: str = sha.hexdigest()
     return digest
 

@@ -6,7 +6,9 @@ file and both checksums named, leaving nothing in the cluster cache:
 
 * fake Hub: a non-LFS file's body flipped in transit (its tree ``oid`` is the git blob sha1);
 * SeaweedFS behind a corrupting proxy: a single-part object whose ETag is the MD5 of the original,
-  and a multipart object with a full-object CRC32 (found by one HEAD: SeaweedFS does not list it);
+  a multipart object with a full-object CRC32 or CRC64NVME (found by one HEAD: SeaweedFS does not
+  list it), and multipart objects with only per-part values: the ETag (MD5 of the parts' MD5s) and
+  boto3's COMPOSITE CRC32, checked over the part layout one HEAD of part 1 gives;
 * fake-gcs-server: an object whose stored bytes rotted (listed crc32c of the original), and one whose
   listed md5Hash does not match (crc32c absent, as for objects some tools write).
 
@@ -22,6 +24,7 @@ import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,29 +150,112 @@ def test_s3_single_part_object_not_matching_its_etag_is_refused(seaweed: Seaweed
     assert (cache.layout.blobs / hashlib.sha256(big).hexdigest()).read_bytes() == big
 
 
-def test_s3_multipart_object_has_no_content_checksum_in_its_listing(seaweed: SeaweedS3) -> None:
-    """What the docs say is not verified for multipart objects without a full-object checksum."""
-    prefix = f"verify-mp-{random.Random().randbytes(4).hex()}"
-    client = seaweed.client()
-    key = f"{prefix}/shard.bin"
-    up = client.create_multipart_upload(Bucket="weights", Key=key)
+def _multipart(client: Any, key: str, chunks: list[bytes], **create: Any) -> None:
+    """Upload ``chunks`` as the parts of one multipart object (``create``: e.g. ChecksumAlgorithm)."""
+    up = client.create_multipart_upload(Bucket="weights", Key=key, **create)
     parts = []
-    for n in (1, 2):
-        r = client.upload_part(Bucket="weights", Key=key, UploadId=up["UploadId"], PartNumber=n,
-                               Body=bytes([n]) * (5 * MiB if n == 1 else 1000))
-        parts.append({"ETag": r["ETag"], "PartNumber": n})
+    for n, chunk in enumerate(chunks, 1):
+        extra = {"ChecksumAlgorithm": create["ChecksumAlgorithm"]} if "ChecksumAlgorithm" in create else {}
+        r = client.upload_part(Bucket="weights", Key=key, UploadId=up["UploadId"], PartNumber=n, Body=chunk, **extra)
+        parts.append({"ETag": r["ETag"], "PartNumber": n,
+                      **{k: v for k, v in r.items() if k.startswith("Checksum") and k != "ChecksumType"}})
     client.complete_multipart_upload(Bucket="weights", Key=key, UploadId=up["UploadId"],
                                      MultipartUpload={"Parts": parts})
-    from slurm_bt.storage.registry import open_backend
-    from slurm_bt.storage.url import parse_source_uri
 
-    src = open_backend(parse_source_uri(f"s3://weights/{prefix}"), credentials=_s3_creds(),
-                      endpoints=StorageEndpoints(s3_endpoint_url=seaweed.endpoint, s3_addressing_style="path"))
-    try:
-        [f] = src.list_files().files
-    finally:
-        src.close()
-    assert f.etag is not None and "-" in f.etag and f.checksums == () and f.sha256 is None
+
+# Equal parts but the last (what every common uploader cuts); unequal ones whose sizes fit that
+# pattern (9 + 5 + 6 MiB looks like 9 + 9 + 2: the real lengths are asked after the mismatch); and
+# unequal ones that do not (6 + 6 + 8: asked at listing).
+_LAYOUTS = {"equal": (8, 8, 3), "unequal-fits": (9, 5, 6), "unequal": (6, 6, 8)}
+
+
+@pytest.mark.parametrize("layout", sorted(_LAYOUTS))
+def test_s3_multipart_object_is_checked_against_its_etag_part_by_part(seaweed: SeaweedS3, proxy: CorruptingProxy,
+                                                                     tmp_path: Path, layout: str) -> None:
+    """A multipart ETag is the MD5 of the parts' MD5s: with the part lengths known (HEAD of part 1,
+    its length and the part count) it covers every byte. On main before this change such an object
+    (every big file boto3, the AWS CLI or s5cmd uploads) was checked against nothing."""
+    rnd = random.Random(layout)
+    chunks = [rnd.randbytes(n * MiB) for n in _LAYOUTS[layout]]
+    chunks[-1] += b"tail"
+    body = b"".join(chunks)
+    prefix = f"verify-mp-{rnd.randbytes(4).hex()}"
+    client = seaweed.client()
+    key = f"{prefix}/shard.bin"
+    _multipart(client, key, chunks)
+    etag = client.head_object(Bucket="weights", Key=key)["ETag"]
+    part_md5s = b"".join(hashlib.md5(c, usedforsecurity=False).digest() for c in chunks)
+    assert etag == f'"{hashlib.md5(part_md5s, usedforsecurity=False).hexdigest()}-3"'  # what S3 defines
+    ep = StorageEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path")
+    bad_at = len(body) - 3 * MiB
+    proxy.corrupt[f"/weights/{key}"] = bad_at
+    with pytest.raises(IntegrityError) as err:
+        _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
+    assert proxy.flipped, "the proxy never corrupted anything: the test proves nothing"
+    msg = str(err.value)
+    assert "per-part md5" in msg and "ETag (multipart, 3 parts)" in msg and etag.strip('"').split("-")[0] in msg, msg
+    _assert_nothing_published(tmp_path / "team", _flip(body, bad_at))
+    proxy.corrupt.clear()
+    cache = _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
+    assert (cache.layout.blobs / hashlib.sha256(body).hexdigest()).read_bytes() == body
+    # resolve's hash-only pass (no temp file to re-read) checks the same way.
+    assert resolve(f"s3://weights/{prefix}", credentials=_s3_creds(), endpoints=ep, options=OPTS
+                   ).files[0].sha256 == hashlib.sha256(body).hexdigest()
+
+
+def test_s3_boto3_upload_file_object_is_checked_against_its_composite_crc32(
+        seaweed: SeaweedS3, proxy: CorruptingProxy, tmp_path: Path) -> None:
+    """boto3's ``upload_file`` (8 MiB parts, CRC32 by default) leaves a COMPOSITE checksum: the CRC32
+    of the parts' CRC32s. It is checked (cheaper than the ETag's MD5s) and a corrupted body refused."""
+    from slurm_bt.storage.checksums import b64_to_hex
+
+    rnd = random.Random(32)
+    body = rnd.randbytes(19 * MiB + 5)
+    src = tmp_path / "upload.bin"
+    src.write_bytes(body)
+    prefix = f"verify-composite-{rnd.randbytes(4).hex()}"
+    client = seaweed.client()
+    client.upload_file(str(src), "weights", f"{prefix}/model.bin")
+    head = client.head_object(Bucket="weights", Key=f"{prefix}/model.bin", ChecksumMode="ENABLED")
+    assert head["ChecksumType"] == "COMPOSITE" and head["ChecksumCRC32"].endswith("-3"), head
+    import zlib
+
+    parts = [body[i:i + 8 * MiB] for i in range(0, len(body), 8 * MiB)]
+    composite = zlib.crc32(b"".join(zlib.crc32(p).to_bytes(4, "big") for p in parts))
+    assert b64_to_hex(head["ChecksumCRC32"].split("-")[0]) == f"{composite:08x}"
+    ep = StorageEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path")
+    proxy.corrupt[f"/weights/{prefix}/model.bin"] = 17 * MiB + 1
+    with pytest.raises(IntegrityError) as err:
+        _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
+    assert "per-part crc32" in str(err.value) and "x-amz-checksum-crc32 (composite, 3 parts)" in str(err.value)
+    assert f"{composite:08x}" in str(err.value)
+    _assert_nothing_published(tmp_path / "team", _flip(body, 17 * MiB + 1))
+    proxy.corrupt.clear()
+    cache = _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
+    assert (cache.layout.blobs / hashlib.sha256(body).hexdigest()).read_bytes() == body
+
+
+def test_s3_object_with_full_object_crc64nvme_is_checked(seaweed: SeaweedS3, proxy: CorruptingProxy,
+                                                         tmp_path: Path) -> None:
+    """CRC64NVME, what AWS S3 keeps for new objects by default (always full-object, multipart too),
+    computed with awscrt (the ``s3`` extra): it wins over the composite values and the ETag."""
+    from awscrt import checksums as crt
+
+    rnd = random.Random(64)
+    chunks = [rnd.randbytes(5 * MiB), rnd.randbytes(MiB + 9)]
+    body = b"".join(chunks)
+    prefix = f"verify-crc64-{rnd.randbytes(4).hex()}"
+    _multipart(seaweed.client(), f"{prefix}/w.bin", chunks, ChecksumAlgorithm="CRC64NVME", ChecksumType="FULL_OBJECT")
+    want = f"{crt.crc64nvme(body):016x}"
+    ep = StorageEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path")
+    proxy.corrupt[f"/weights/{prefix}/w.bin"] = 5 * MiB + 3
+    with pytest.raises(IntegrityError) as err:
+        _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
+    assert "x-amz-checksum-crc64nvme" in str(err.value) and want in str(err.value), err.value
+    _assert_nothing_published(tmp_path / "team", _flip(body, 5 * MiB + 3))
+    proxy.corrupt.clear()
+    cache = _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
+    assert (cache.layout.blobs / hashlib.sha256(body).hexdigest()).read_bytes() == body
 
 
 def test_s3_multipart_object_with_full_object_crc32_is_checked(seaweed: SeaweedS3, proxy: CorruptingProxy,

@@ -9,7 +9,9 @@ tests/integration/hostile/test_source_verify.py.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
+import itertools
 import os
 import random
 import shutil
@@ -75,6 +77,11 @@ def test_crc_and_md5_known_vectors() -> None:
         pytest.skip("google-crc32c (C extension) not installed")
     crc32c.update(check)
     assert crc32c.hexdigest() == "e3069283"
+    crc64 = new_hasher(OriginChecksum("crc64nvme", "0" * 16, "t"), len(check))
+    assert crc64 is not None
+    crc64.update(check[:4])
+    crc64.update(memoryview(check)[4:])
+    assert crc64.hexdigest() == "ae8b14860a799888"  # CRC-64/NVME's check value
     # As S3 (x-amz-checksum-crc32) and GCS (crc32c) spell them: base64 of the big-endian value.
     assert b64_to_hex(base64.b64encode(zlib.crc32(check).to_bytes(4, "big")).decode()) == "cbf43926"
     assert b64_to_hex("yZRlqg==") == "c99465aa"  # GCS's crc32c of b"hello world"
@@ -106,9 +113,15 @@ def test_pick_check_prefers_the_cheapest_and_md5_only_as_last_resort(monkeypatch
     assert pick_check((git,)) == git
     if checksums._crc32c_module() is not None:
         assert pick_check((md5, crc32c)) == crc32c
-    monkeypatch.setattr(checksums, "_crc32c_module", lambda: None)  # google-crc32c not installed
+    crc64 = OriginChecksum("crc64nvme", "0" * 16, "x-amz-checksum-crc64nvme")
+    assert pick_check((md5, crc32c, crc32, crc64)) == crc64  # awscrt is part of the s3 extra
+    per_part = OriginChecksum("crc32", "0" * 8, "x-amz-checksum-crc32 (composite, 2 parts)", part_sizes=(5, 3))
+    assert pick_check((per_part, crc32)) == crc32 and pick_check((per_part, md5)) == per_part
+    monkeypatch.setattr(checksums, "_crc32c_module", lambda: None)  # google-crc32c not installed...
+    assert pick_check((md5, crc32c)) == crc32c  # ...awscrt computes it
+    monkeypatch.setattr(checksums, "_awscrt_checksums", lambda: None)  # ...nor awscrt
     assert pick_check((md5, crc32c)) == md5
-    assert pick_check((crc32c,)) is None
+    assert pick_check((crc32c,)) is None and pick_check((crc64,)) is None
 
 
 # -- the download engine refuses a mismatch -------------------------------------------------------------
@@ -131,10 +144,15 @@ class _Stream:
 class MemSource:
     """Serves ``body`` for every file (ranges honoured); optionally answers ``etag_is_md5``."""
 
-    def __init__(self, body: bytes, etag_is_md5: bool | None = None) -> None:
+    def __init__(self, body: bytes, etag_is_md5: bool | None = None, parts: tuple[int, ...] | None = None) -> None:
         self.uri = StorageUrl("s3", "bkt", "models")
         self.body = body
         self.asked: list[str] = []
+        if parts is not None:  # the real part lengths, as S3Backend.exact_check asks them
+            def exact(file: RemoteFile, check: OriginChecksum) -> OriginChecksum | None:
+                self.asked.append(f"parts of {file.path}")
+                return dataclasses.replace(check, part_sizes=parts, layout_assumed=False)
+            self.exact_check = exact
         if etag_is_md5 is not None:
             def confirm(file: RemoteFile) -> bool:
                 self.asked.append(file.path)
@@ -215,6 +233,70 @@ def test_etag_that_is_not_an_md5_is_accepted_only_when_the_source_says_so(tmp_pa
         fetch_file(kms, RemoteFile("enc.bin", len(body), None, checksums=(definite,)), tmp_path / "y", options=OPTS)
 
 
+def _per_part(kind: str, body: bytes, sizes: tuple[int, ...]) -> str:
+    """S3's definition, written out: the digest of the concatenated raw digests of the parts."""
+    cuts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    parts = [body[a:b] for a, b in itertools.pairwise(cuts)]
+    if kind == "md5":
+        return hashlib.md5(b"".join(hashlib.md5(p, usedforsecurity=False).digest() for p in parts),
+                           usedforsecurity=False).hexdigest()
+    return f"{zlib.crc32(b''.join(zlib.crc32(p).to_bytes(4, 'big') for p in parts)):08x}"
+
+
+@pytest.mark.parametrize("kind", ["md5", "crc32"])
+def test_per_part_digest_is_the_digest_of_the_parts_digests_whatever_the_chunking(kind: str) -> None:
+    sizes = (7, 7, 3)
+    data = random.Random(kind).randbytes(sum(sizes))
+    want = _per_part(kind, data, sizes)
+    check = OriginChecksum(kind, want, "t", part_sizes=sizes)  # type: ignore[arg-type]
+    for step in (1, 2, 5, 7, 17, 100):
+        h = new_hasher(check, len(data))
+        assert h is not None
+        for i in range(0, len(data), step):
+            h.update(data[i : i + step])
+        assert h.hexdigest() == want, step
+    for wrong in (data[:-1], data + b"x"):  # a short or long body never matches
+        h = new_hasher(check, len(data))
+        assert h is not None
+        h.update(wrong)
+        assert h.hexdigest() != want
+    with pytest.raises(ValueError):
+        OriginChecksum("git-sha1", "0" * 40, "t", part_sizes=(1,))
+    with pytest.raises(ValueError):
+        OriginChecksum("md5", "0" * 32, "t", part_sizes=(4, 0))
+
+
+@pytest.mark.parametrize("size", [600_000, 5 * MiB + 3])  # fetch_small (in memory), fetch_file (temp file)
+def test_per_part_mismatch_over_an_assumed_layout_asks_the_real_one(size: int, tmp_path: Path) -> None:
+    """An uploader that cut 2 + 1 + 2 (+3 bytes) looks like 2 + 2 + 1 from part 1's length and the
+    part count: the mismatch asks every part's length and recomputes before refusing anything."""
+    body = random.Random(size).randbytes(size)
+    unit = size // 5
+    real = (2 * unit, unit, size - 3 * unit)
+    assumed = (2 * unit, 2 * unit, size - 4 * unit)
+    check = OriginChecksum("md5", _per_part("md5", body, real), "ETag (multipart, 3 parts)",
+                           maybe_not_content_hash=True, part_sizes=assumed, layout_assumed=True)
+    rf = RemoteFile("w.bin", size, None, etag='"x-3"', checksums=(check,))
+    opts = dataclasses.replace(OPTS, small_file_max=MiB)
+    from slurm_bt.weights.download import fetch_small
+
+    fetch = fetch_small if size <= MiB else fetch_file
+    source = MemSource(body, parts=real)
+    assert fetch(source, rf, tmp_path, options=opts).sha256 == hashlib.sha256(body).hexdigest()
+    assert source.asked == ["parts of w.bin"]
+    assert hash_remote_file(MemSource(body, parts=real), rf, options=opts) == hashlib.sha256(body).hexdigest()
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            f.chmod(0o644)
+            f.unlink()
+    # Corrupted: refused over the real layout too; and a source that cannot tell refuses at once.
+    for bad_source in (MemSource(_flip(body, size - 10), etag_is_md5=True, parts=real),
+                       MemSource(body, etag_is_md5=True)):
+        with pytest.raises(IntegrityError, match=r"per-part md5 .* ETag \(multipart, 3 parts\)"):
+            fetch(bad_source, rf, tmp_path, options=opts)
+    assert not [f for f in tmp_path.rglob("*") if f.is_file()]
+
+
 def test_known_sha256_is_what_is_checked_and_origin_checksums_add_no_work(tmp_path: Path) -> None:
     body = b"x" * 1000
     wrong_md5 = OriginChecksum("md5", "0" * 32, "md5Hash")
@@ -226,7 +308,8 @@ def test_known_sha256_is_what_is_checked_and_origin_checksums_add_no_work(tmp_pa
 
 
 def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Single-part ETag -> MD5 (flagged: may be SSE-KMS); multipart -> nothing; listed CRC32 on a big
+    """Single-part ETag -> MD5 (flagged: may be SSE-KMS); multipart -> the ETag or a COMPOSITE checksum over
+    the part layout one HEAD of part 1 gives (nothing from a store without part HEADs); listed CRC32 on a big
     object -> one HEAD of the listed version -> CRC32; SHA256 -> the sha256 itself; ETag checks can be
     switched off for S3-compatibles whose ETags are something else."""
     from botocore.stub import Stubber
@@ -239,7 +322,8 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
     crc = zlib.crc32(b"big").to_bytes(4, "big")
 
     def listing(endpoints: StorageEndpoints, heads: list[dict[str, object]], *, check_params: bool = True,
-                multi_head: dict[str, object] | None = None) -> dict[str, RemoteFile]:
+                multi_head: dict[str, object] | None = None,
+                multi_part: dict[str, object] | int | None = None) -> dict[str, RemoteFile]:
         multi_head = multi_head or {}
         src = S3Backend(StorageUrl("s3", "bkt", "m"), credentials=Credentials(aws_access_key_id="a",
                        aws_secret_access_key="b"), endpoints=endpoints,
@@ -254,6 +338,13 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
             # multi.bin: multipart and nothing listed; the store may still keep a full-object checksum
             stub.add_response("head_object", multi_head, {"Bucket": "bkt", "Key": "m/multi.bin",
                                                           "ChecksumMode": "ENABLED", "IfMatch": f'"{md5}-3"'})
+            # ...and without one, the HEAD of part 1 gives the part layout (or a 400: not supported)
+            part_params = {"Bucket": "bkt", "Key": "m/multi.bin", "PartNumber": 1, "IfMatch": f'"{md5}-3"'}
+            if isinstance(multi_part, int):
+                stub.add_client_error("head_object", "InvalidArgument", http_status_code=multi_part,
+                                      expected_params=part_params)
+            elif multi_part is not None:
+                stub.add_response("head_object", multi_part, part_params)
             for head in heads:
                 stub.add_response("head_object", head, {"Bucket": "bkt", "Key": "m/big.bin", "ChecksumMode": "ENABLED",
                                                         "IfMatch": f'"{md5}"'} if check_params else None)
@@ -264,10 +355,27 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
     # s3_data_plane=boto3: botocore lists (the Stubber answers); the presigned plane lists with its own
     # parser (tests/unit/test_s3_listing.py) and shares the checksum logic tested here.
     ep = StorageEndpoints(s3_endpoint_url="http://127.0.0.1:9", s3_addressing_style="path", s3_data_plane="boto3")
-    files = listing(ep, [{"ChecksumCRC32": base64.b64encode(crc).decode(), "ChecksumType": "FULL_OBJECT"}])
+    full_crc: dict[str, object] = {"ChecksumCRC32": base64.b64encode(crc).decode(), "ChecksumType": "FULL_OBJECT"}
+    layout = {"ContentLength": 8 * MiB, "PartsCount": 3}
+    files = listing(ep, [full_crc], multi_part=layout)
     etag = OriginChecksum("md5", md5, "ETag", maybe_not_content_hash=True)
     assert files["small.json"].checksums == (etag,)
-    assert files["multi.bin"].checksums == ()
+    # multipart, nothing full-object: the ETag over parts of 8 + 8 + 4 MiB (equal but the last: assumed)
+    parts = (8 * MiB, 8 * MiB, 4 * MiB)
+    multi_etag = OriginChecksum("md5", md5, "ETag (multipart, 3 parts)", maybe_not_content_hash=True,
+                                part_sizes=parts, layout_assumed=True)
+    assert files["multi.bin"].checksums == (multi_etag,)
+    assert listing(ep, [full_crc], multi_part=400)["multi.bin"].checksums == ()  # no part HEADs: unchecked
+    # a part 1 of 7 MiB cannot be 3 equal parts of 20 MiB: every part's length is asked
+    files = listing(ep, [full_crc], multi_part={"ContentLength": 6 * MiB, "PartsCount": 1})
+    assert files["multi.bin"].checksums == ()  # and a one-part layout must be the whole object
+    composite_multi: dict[str, object] = {"ChecksumCRC32": base64.b64encode(crc).decode() + "-3",
+                                          "ChecksumType": "COMPOSITE"}
+    files = listing(ep, [full_crc], multi_head=composite_multi, multi_part=layout)
+    per_part_crc = OriginChecksum("crc32", crc.hex(), "x-amz-checksum-crc32 (composite, 3 parts)", part_sizes=parts,
+                                  layout_assumed=True)
+    assert files["multi.bin"].checksums == (per_part_crc, multi_etag)
+    assert pick_check(files["multi.bin"].checksums) == per_part_crc  # a CRC over parts beats their MD5s
     full: dict[str, object] = {"ChecksumCRC32": base64.b64encode(crc).decode(), "ChecksumType": "FULL_OBJECT"}
     files = listing(ep, [full], multi_head=full)
     assert files["multi.bin"].checksums == (OriginChecksum("crc32", crc.hex(), "x-amz-checksum-crc32"),)
@@ -275,11 +383,11 @@ def test_s3_listing_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
     assert pick_check(files["big.bin"].checksums).kind == "crc32"  # type: ignore[union-attr]
     assert files["small-crc.bin"].checksums == (etag,)  # small and MD5 ETag: no HEAD for a CRC
     composite: dict[str, object] = {"ChecksumCRC32": base64.b64encode(crc).decode() + "-3", "ChecksumType": "COMPOSITE"}
-    assert listing(ep, [composite])["big.bin"].checksums == (etag,)
+    assert listing(ep, [composite], multi_part=layout)["big.bin"].checksums == (etag,)  # single-part: no layout
     off = StorageEndpoints(s3_endpoint_url="http://127.0.0.1:9", s3_addressing_style="path", s3_etag_md5=False,
                            s3_data_plane="boto3")
     files = listing(off, [composite, composite], check_params=False)  # no MD5 ETag: HEAD every CRC object
-    assert all(f.checksums == () for f in files.values())
+    assert all(f.checksums == () for f in files.values())  # and no part HEAD: nothing per part to check
 
 
 def test_hf_and_gcs_listing_checksums() -> None:
