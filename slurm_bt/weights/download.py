@@ -166,15 +166,16 @@ def _check_origin(source: Backend, file: RemoteFile, check: OriginChecksum, got:
     """
     if got == check.value:
         return
+    if check.maybe_not_content_hash:  # one HEAD, before the layout's one per part
+        confirm = getattr(source, "etag_is_md5", None)
+        if confirm is not None and not confirm(file):
+            return
     if check.layout_assumed and reread is not None:
         exact_check = getattr(source, "exact_check", None)
         exact = exact_check(file, check) if exact_check is not None else None
         if exact is not None:
-            _check_origin(source, file, exact, reread(exact), published=published)
-            return
-    if check.maybe_not_content_hash:
-        confirm = getattr(source, "etag_is_md5", None)
-        if confirm is not None and not confirm(file):
+            _check_origin(source, file, dataclasses.replace(exact, maybe_not_content_hash=False), reread(exact),
+                          published=published)
             return
     raise SourceIntegrityError(
         source.uri.canonical,
