@@ -159,17 +159,44 @@ def log(msg: str) -> None:
 
 def row(section: str, dataset: str, client: str, nbytes: int, seconds: float | None, **extra: Any) -> None:
     mibs = nbytes / MiB / seconds if seconds else None
+    # CPU of the fastest timed run since the previous row (the one whose seconds are reported).
+    best = min(_RUNS, key=lambda r: r[0]) if _RUNS and seconds is not None else None
+    _RUNS.clear()
+    cpu = {} if best is None else {"client_cpu_s": round(best[1], 2), "machine_cpu_s": round(best[2], 2)}
     RESULTS["rows"].append({"section": section, "dataset": dataset, "client": client, "bytes": nbytes,
                             "seconds": None if seconds is None else round(seconds, 4),
-                            "MiB_per_s": None if mibs is None else round(mibs, 1), **extra})
+                            "MiB_per_s": None if mibs is None else round(mibs, 1), **cpu, **extra})
     shown = "failed" if seconds is None else f"{seconds:.3f} s" + (f" ({mibs:.0f} MiB/s)" if mibs else "")
+    if cpu:
+        shown += f" cpu {cpu['client_cpu_s']:.2f}/{cpu['machine_cpu_s']:.2f} s"
     log(f"{section:<16} {dataset:<18} {client:<36} {shown} {extra.get('error', '')}")
 
 
+# (seconds, client CPU s, machine CPU s) of each timed run since the last row. Client = this process
+# and the children it waited for (s5cmd, cp); machine = every core's busy time from /proc/stat
+# (client + the object server + kernel threads such as writeback). Why: on 2 cores the servers and
+# clients share, CPU seconds say what a ratio is made of (bench/README.md, "Where the CPU goes").
+_RUNS: list[tuple[float, float, float]] = []
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_now() -> tuple[float, float]:
+    t = os.times()
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(fields[:8]) - fields[3] - fields[4]  # all but idle and iowait
+    return t.user + t.system + t.children_user + t.children_system, busy / _TICK
+
+
 def timed(fn: Callable[[], Any]) -> float:
+    """Wall seconds of ``fn()``; its CPU seconds go to the next :func:`row`."""
+    c0, m0 = _cpu_now()
     t0 = time.perf_counter()
     fn()
-    return time.perf_counter() - t0
+    secs = time.perf_counter() - t0
+    c1, m1 = _cpu_now()
+    _RUNS.append((secs, c1 - c0, m1 - m0))
+    return secs
 
 
 REPS = 2
@@ -268,17 +295,26 @@ def hub_server(data: Path) -> Iterator[dict[str, Any]]:
 # -- ours --------------------------------------------------------------------------------------------------
 
 
+PIN_S: dict[str, list[float]] = {}  # source -> seconds of bt-sbatch's pin listing, per run
+
+
 def ours(source: str, endpoints: StorageEndpoints, creds: Any, root: Path) -> tuple[float, ClusterCache, Any]:
-    """stage_source into a fresh team tier; returns (seconds, tier, manifest)."""
+    """Pin ``source`` as bt-sbatch does (untimed: it runs at submit, on the login node), then time
+    ``stage_source`` into a fresh team tier, what the staging job runs: it lists the source again,
+    HEADs what needs it, downloads and verifies, as ``s5cmd cp`` lists and downloads. Returns
+    (seconds, tier, manifest); the pin listing's seconds go to ``PIN_S`` (the report's notes)."""
     cache = ClusterCache(root, dir_mode=0o755)
     t0 = time.perf_counter()
     listing, files, revision = list_selected(source, allow=None, ignore=None, credentials=creds, endpoints=endpoints)
     pin = SourcePin(index=0, declared=source, kind=listing.uri.kind, source=listing.uri.canonical, revision=revision,
                     mount_location="/bench", pin_key=pin_key(listing.uri.kind, listing.uri.canonical, revision, files),
                     files=tuple(files))
-    outcome = stage_source(pin, cache, ClusterCache(root.parent / "no-shared"), credentials=creds,
-                           endpoints=endpoints, out=open(os.devnull, "w"))
-    return time.perf_counter() - t0, cache, outcome.manifest
+    PIN_S.setdefault(source, []).append(time.perf_counter() - t0)
+    got: list[Any] = []
+    with open(os.devnull, "w") as devnull:
+        secs = timed(lambda: got.append(stage_source(pin, cache, ClusterCache(root.parent / "no-shared"),
+                                                     credentials=creds, endpoints=endpoints, out=devnull)))
+    return secs, cache, got[0].manifest
 
 
 # -- S3 ----------------------------------------------------------------------------------------------------
@@ -333,9 +369,7 @@ def bench_s3(ds: Dataset, data: Path, work: Path) -> None:
 
         def run_s5() -> float:
             dest.mkdir(exist_ok=True)
-            t0 = time.perf_counter()
-            subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
-            return time.perf_counter() - t0
+            return timed(lambda: subprocess.run(argv, env=env, capture_output=True, text=True, check=True))
 
         row("s3->cluster", name, "s5cmd (defaults)", nbytes, best_of(run_s5, lambda: drop_tree(dest)))
         bdest = work / "s3-boto3"
@@ -344,12 +378,13 @@ def bench_s3(ds: Dataset, data: Path, work: Path) -> None:
         cfg = TransferConfig()
 
         def boto_all() -> float:
-            t0 = time.perf_counter()
-            for key in ds.paths():
-                out = bdest / key
-                out.parent.mkdir(parents=True, exist_ok=True)
-                bclient.download_file("bench", f"{name}/{key}", str(out), Config=cfg)
-            return time.perf_counter() - t0
+            def all_keys() -> None:
+                for key in ds.paths():
+                    out = bdest / key
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    bclient.download_file("bench", f"{name}/{key}", str(out), Config=cfg)
+
+            return timed(all_keys)
 
         if ds.count > SLOW_BASELINE_MAX_FILES:
             RESULTS["notes"].append(f"boto3 download_file skipped for {name} ({ds.count} files): one call per "
@@ -388,10 +423,8 @@ def crt_get(endpoint: str, bucket: str, key: str, dest: Path) -> float:
     client = S3Client(bootstrap=bootstrap, region="us-east-1", signing_config=signing,
                       tls_mode=S3RequestTlsMode.DISABLED, part_size=8 * MiB, throughput_target_gbps=10)
     req = HttpRequest("GET", f"/{bucket}/{key}", HttpHeaders([("Host", host)]))
-    t0 = time.perf_counter()
-    s3req = client.make_request(type=S3RequestType.GET_OBJECT, request=req, recv_filepath=str(dest))
-    s3req.finished_future.result(timeout=600)
-    return time.perf_counter() - t0
+    return timed(lambda: client.make_request(type=S3RequestType.GET_OBJECT, request=req, recv_filepath=str(dest)
+                                             ).finished_future.result(timeout=600))
 
 
 # -- HF ----------------------------------------------------------------------------------------------------
@@ -479,7 +512,7 @@ def bench_node(ds: Dataset, cache: ClusterCache, manifest: Any, work: Path) -> N
         row("cluster->node", name, label, nbytes, min(runs), fsync=True, runs=[round(r, 3) for r in runs])
     assert kept_node is not None
     # hit -> ready: what the prolog does on a node hit, then the job's private read-only view
-    lat = []
+    lat: list[float] = []
     for i in range(5):
         t0 = time.perf_counter()
         kept_node.stage(manifest, [cache], f"h{i}", authorize=lambda _m: None)
@@ -491,6 +524,7 @@ def bench_node(ds: Dataset, cache: ClusterCache, manifest: Any, work: Path) -> N
         for _ in range(5):
             argv = bwrap_argv([(kept_node.snapshot_path(manifest), "/app/models/bench")], ["/bin/true"], cwd="/")
             lat.append(timed(lambda argv=argv: subprocess.run(argv, check=True)))
+        _RUNS.clear()  # a median of 5, not a best run: no CPU column
         row("hit->ready", name, "bwrap view exec (/bin/true)", nbytes, sorted(lat)[2], unit="median of 5")
     drop_tree(kept_node.root)
     snap = cache.snapshot_path(manifest)
@@ -499,11 +533,13 @@ def bench_node(ds: Dataset, cache: ClusterCache, manifest: Any, work: Path) -> N
         for _ in range(REPS):
             dest = work / f"cp-{with_sync}"
             sync()
-            t0 = time.perf_counter()
-            subprocess.run(["cp", "-a", str(snap), str(dest)], check=True)
-            if with_sync:
-                sync()
-            runs.append(time.perf_counter() - t0)
+
+            def cp(dest: Path = dest, with_sync: bool = with_sync) -> None:
+                subprocess.run(["cp", "-a", str(snap), str(dest)], check=True)
+                if with_sync:
+                    sync()
+
+            runs.append(timed(cp))
             drop_tree(dest)
         row("cluster->node", name, "cp -a && sync" if with_sync else "cp -a", nbytes, min(runs),
             runs=[round(r, 3) for r in runs])
@@ -715,6 +751,9 @@ def write_report(out_dir: Path, args: argparse.Namespace, elapsed: float) -> Non
                        "gpu_mib": args.gpu_mib, "reps": args.reps}
     RESULTS["elapsed_s"] = round(elapsed, 1)
     RESULTS["ratios"] = ratios()
+    for source, runs in PIN_S.items():
+        RESULTS["notes"].append(f"not in ours' seconds: bt-sbatch's pin listing of {source} at submit (login "
+                                f"node), {min(runs):.3f} s (best of {len(runs)}); the staging job lists it again, timed")
     ext_lines, RESULTS["extrapolation"] = extrapolate()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "weights.json").write_text(json.dumps(RESULTS, indent=2) + "\n")
@@ -723,10 +762,15 @@ def write_report(out_dir: Path, args: argparse.Namespace, elapsed: float) -> Non
              f"One run of `bench/weights_bench.py` ({elapsed:.0f} s) on a {os.cpu_count()}-core VM; servers and "
              "clients share the cores, so compare ratios within this run only.", "",
              f"Datasets: {sets or 'none'}; sections: {', '.join(sorted(args.sections))}.", "",
-             "| section | dataset | client | seconds | MiB/s |", "|---|---|---|---|---|"]
+             "CPU seconds are those of the reported (fastest) run: *client* = the client's process and the "
+             "children it waited for; *machine* = both cores' busy time (client, object server, kernel writeback).",
+             "",
+             "| section | dataset | client | seconds | MiB/s | client CPU s | machine CPU s |",
+             "|---|---|---|---|---|---|---|"]
     for r in RESULTS["rows"]:
         secs = "failed" if r["seconds"] is None else f"{r['seconds']:.3f}"
-        lines.append(f"| {r['section']} | {r['dataset']} | {r['client']} | {secs} | {r['MiB_per_s'] or ''} |")
+        lines.append(f"| {r['section']} | {r['dataset']} | {r['client']} | {secs} | {r['MiB_per_s'] or ''} | "
+                     f"{r.get('client_cpu_s', '')} | {r.get('machine_cpu_s', '')} |")
     lines += ["", "## Ratios (higher is better for ours)", ""] + [f"- {x}" for x in RESULTS["ratios"]]
     lines += ["", "## Extrapolation to 1 TB and 10 TB (from this run's rates)", "", *ext_lines]
     if RESULTS["notes"]:
