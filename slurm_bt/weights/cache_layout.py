@@ -32,6 +32,7 @@ import os
 import secrets
 import socket
 import stat
+import threading
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -380,18 +381,31 @@ def _start_writeback(fd: int, off: int, count: int) -> None:
         _SYNC_FILE_RANGE(fd, off, count, _SYNC_FILE_RANGE_WRITE)  # an optimisation only: errors ignored
 
 
+_HASH_READ = 1 << 20
+_hash_buffers = threading.local()
+
+
 def _hash_range(h: hashlib._Hash, fd: int, off: int, count: int) -> None:
+    """Feed ``count`` bytes of ``fd`` at ``off`` to ``h``, then start their writeback.
+
+    ``preadv`` into this thread's reused 1 MiB buffer, which stays in the CPU cache for the sha256
+    that follows. Why not ``mmap`` (as before): faulting in 64 MiB windows cost more than the copy it
+    saved; a node copy of an 8 GiB blob from a cold team tier took 16.8-24.1 s with ``mmap`` and
+    13.8-15.4 s this way, against 13.3-14.2 s for the copy alone (docs/weights-cache.md §3.3).
+    """
     if count == 0:
         return
-    try:
-        m = mmap.mmap(fd, count, prot=mmap.PROT_READ, offset=off)
-    except (OSError, ValueError):
-        buf = bytearray(count)
-        got = os.preadv(fd, [buf], off)
-        h.update(memoryview(buf)[:got])
-    else:
-        with m:
-            h.update(m)
+    buf: bytearray | None = getattr(_hash_buffers, "buf", None)
+    if buf is None:
+        buf = _hash_buffers.buf = bytearray(_HASH_READ)
+    view = memoryview(buf)
+    pos, end = off, off + count
+    while pos < end:
+        n = os.preadv(fd, [view[:min(_HASH_READ, end - pos)]], pos)
+        if n <= 0:
+            break  # short file: the digest covers what is there, and mismatches
+        h.update(view[:n])
+        pos += n
     _start_writeback(fd, off, count)
 
 
@@ -401,7 +415,7 @@ def copy_and_hash(src_fd: int, dst_fd: int, size: int, *, chunk_bytes: int = _CH
     """Copy ``size`` bytes from ``src_fd`` to ``dst_fd`` and return the sha256 of what was *written*.
 
     Data moves in the kernel (``copy_file_range``, else ``sendfile``); each chunk is then hashed
-    from the destination's page cache through ``mmap`` in a second thread while the next chunk is
+    from the destination's page cache (``preadv``, :func:`_hash_range`) in a second thread while the next chunk is
     copied, so the copy costs about max(copy, hash) instead of their sum. Hashing the destination
     rather than the source matters: the source may be in a tenant-writable cluster tier whose owner
     can rewrite the bytes between our read and our copy, but nobody else can touch our fresh
