@@ -163,6 +163,22 @@ def _multipart(client: Any, key: str, chunks: list[bytes], **create: Any) -> Non
                                      MultipartUpload={"Parts": parts})
 
 
+def _refused_then_staged(proxy: CorruptingProxy, prefix: str, key: str, body: bytes, bad_at: int, root: Path,
+                         *expected: str) -> None:
+    """Staging ``s3://weights/<prefix>`` through ``proxy`` with the byte at ``bad_at`` of ``key`` flipped
+    fails with every ``expected`` text in the error and publishes nothing; unflipped, it stages ``body``."""
+    ep = StorageEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path")
+    proxy.corrupt[f"/weights/{key}"] = bad_at
+    with pytest.raises(IntegrityError) as err:
+        _stage(f"s3://weights/{prefix}", ep, _s3_creds(), root)
+    assert proxy.flipped, "the proxy never corrupted anything: the test proves nothing"
+    assert all(text in str(err.value) for text in expected), (expected, str(err.value))
+    _assert_nothing_published(root, _flip(body, bad_at))
+    proxy.corrupt.clear()
+    cache = _stage(f"s3://weights/{prefix}", ep, _s3_creds(), root)
+    assert (cache.layout.blobs / hashlib.sha256(body).hexdigest()).read_bytes() == body
+
+
 # Equal parts but the last (what every common uploader cuts); unequal ones whose sizes fit that
 # pattern (9 + 5 + 6 MiB looks like 9 + 9 + 2: the real lengths are asked after the mismatch); and
 # unequal ones that do not (6 + 6 + 8: asked at listing).
@@ -186,19 +202,14 @@ def test_s3_multipart_object_is_checked_against_its_etag_part_by_part(seaweed: S
     etag = client.head_object(Bucket="weights", Key=key)["ETag"]
     part_md5s = b"".join(hashlib.md5(c, usedforsecurity=False).digest() for c in chunks)
     assert etag == f'"{hashlib.md5(part_md5s, usedforsecurity=False).hexdigest()}-3"'  # what S3 defines
+    _refused_then_staged(proxy, prefix, key, body, len(body) - 3 * MiB, tmp_path / "team",
+                         "per-part md5", "ETag (multipart, 3 parts)", etag.strip('"').split("-")[0])
+    # resolve's hash-only pass (no temp file to re-read: an assumed layout is streamed again) too.
     ep = StorageEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path")
-    bad_at = len(body) - 3 * MiB
-    proxy.corrupt[f"/weights/{key}"] = bad_at
-    with pytest.raises(IntegrityError) as err:
-        _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
-    assert proxy.flipped, "the proxy never corrupted anything: the test proves nothing"
-    msg = str(err.value)
-    assert "per-part md5" in msg and "ETag (multipart, 3 parts)" in msg and etag.strip('"').split("-")[0] in msg, msg
-    _assert_nothing_published(tmp_path / "team", _flip(body, bad_at))
+    proxy.corrupt[f"/weights/{key}"] = 5
+    with pytest.raises(IntegrityError, match=r"per-part md5 .* ETag \(multipart, 3 parts\)"):
+        resolve(f"s3://weights/{prefix}", credentials=_s3_creds(), endpoints=ep, options=OPTS)
     proxy.corrupt.clear()
-    cache = _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
-    assert (cache.layout.blobs / hashlib.sha256(body).hexdigest()).read_bytes() == body
-    # resolve's hash-only pass (no temp file to re-read) checks the same way.
     assert resolve(f"s3://weights/{prefix}", credentials=_s3_creds(), endpoints=ep, options=OPTS
                    ).files[0].sha256 == hashlib.sha256(body).hexdigest()
 
@@ -223,16 +234,8 @@ def test_s3_boto3_upload_file_object_is_checked_against_its_composite_crc32(
     parts = [body[i:i + 8 * MiB] for i in range(0, len(body), 8 * MiB)]
     composite = zlib.crc32(b"".join(zlib.crc32(p).to_bytes(4, "big") for p in parts))
     assert b64_to_hex(head["ChecksumCRC32"].split("-")[0]) == f"{composite:08x}"
-    ep = StorageEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path")
-    proxy.corrupt[f"/weights/{prefix}/model.bin"] = 17 * MiB + 1
-    with pytest.raises(IntegrityError) as err:
-        _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
-    assert "per-part crc32" in str(err.value) and "x-amz-checksum-crc32 (composite, 3 parts)" in str(err.value)
-    assert f"{composite:08x}" in str(err.value)
-    _assert_nothing_published(tmp_path / "team", _flip(body, 17 * MiB + 1))
-    proxy.corrupt.clear()
-    cache = _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
-    assert (cache.layout.blobs / hashlib.sha256(body).hexdigest()).read_bytes() == body
+    _refused_then_staged(proxy, prefix, f"{prefix}/model.bin", body, 17 * MiB + 1, tmp_path / "team",
+                         "per-part crc32", "x-amz-checksum-crc32 (composite, 3 parts)", f"{composite:08x}")
 
 
 def test_s3_object_with_full_object_crc64nvme_is_checked(seaweed: SeaweedS3, proxy: CorruptingProxy,
@@ -246,16 +249,8 @@ def test_s3_object_with_full_object_crc64nvme_is_checked(seaweed: SeaweedS3, pro
     body = b"".join(chunks)
     prefix = f"verify-crc64-{rnd.randbytes(4).hex()}"
     _multipart(seaweed.client(), f"{prefix}/w.bin", chunks, ChecksumAlgorithm="CRC64NVME", ChecksumType="FULL_OBJECT")
-    want = f"{crt.crc64nvme(body):016x}"
-    ep = StorageEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path")
-    proxy.corrupt[f"/weights/{prefix}/w.bin"] = 5 * MiB + 3
-    with pytest.raises(IntegrityError) as err:
-        _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
-    assert "x-amz-checksum-crc64nvme" in str(err.value) and want in str(err.value), err.value
-    _assert_nothing_published(tmp_path / "team", _flip(body, 5 * MiB + 3))
-    proxy.corrupt.clear()
-    cache = _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
-    assert (cache.layout.blobs / hashlib.sha256(body).hexdigest()).read_bytes() == body
+    _refused_then_staged(proxy, prefix, f"{prefix}/w.bin", body, 5 * MiB + 3, tmp_path / "team",
+                         "x-amz-checksum-crc64nvme", f"{crt.crc64nvme(body):016x}")
 
 
 def test_s3_multipart_object_with_full_object_crc32_is_checked(seaweed: SeaweedS3, proxy: CorruptingProxy,
@@ -277,16 +272,8 @@ def test_s3_multipart_object_with_full_object_crc32_is_checked(seaweed: SeaweedS
         parts.append({"ETag": r["ETag"], "PartNumber": n, "ChecksumCRC32": r["ChecksumCRC32"]})
     client.complete_multipart_upload(Bucket="weights", Key=key, UploadId=up["UploadId"],
                                      MultipartUpload={"Parts": parts})
-    ep = StorageEndpoints(s3_endpoint_url=proxy.endpoint, s3_addressing_style="path")
-    proxy.corrupt[f"/weights/{key}"] = 5 * MiB + 1
-    with pytest.raises(IntegrityError) as err:
-        _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
-    crc = f"{zlib.crc32(body):08x}"
-    assert "x-amz-checksum-crc32" in str(err.value) and crc in str(err.value), err.value
-    _assert_nothing_published(tmp_path / "team", _flip(body, 5 * MiB + 1))
-    proxy.corrupt.clear()
-    cache = _stage(f"s3://weights/{prefix}", ep, _s3_creds(), tmp_path / "team")
-    assert (cache.layout.blobs / hashlib.sha256(body).hexdigest()).read_bytes() == body
+    _refused_then_staged(proxy, prefix, key, body, 5 * MiB + 1, tmp_path / "team",
+                         "x-amz-checksum-crc32", f"{zlib.crc32(body):08x}")
 
 
 # -- gs:// ----------------------------------------------------------------------------------------------
