@@ -47,6 +47,7 @@ __all__ = [
     "OriginChecksum",
     "b64_to_hex",
     "computable",
+    "feed_fd",
     "git_blob_hasher",
     "git_blob_sha1",
     "new_hasher",
@@ -295,21 +296,26 @@ def s3_etag_md5(etag: str | None) -> str | None:
     return value if _HEX["md5"].match(value) else None
 
 
-def sha256_fd(fd: int, size: int | None = None) -> tuple[str, int]:
-    """sha256 hex digest and byte count of an open file from offset 0 (at most ``size`` bytes).
+def feed_fd(h: Hasher | Any, fd: int, buf: memoryview, off: int = 0, count: int | None = None) -> int:
+    """Feed ``h`` the bytes of ``fd`` from ``off`` (at most ``count``, else to EOF); returns how many.
 
-    ``preadv`` into one reused 8 MiB buffer: the caller's offset is untouched and no per-chunk
-    bytes object is allocated (this runs over every blob the caches verify).
+    ``preadv`` into the caller's reused ``buf``: the fd's offset is untouched and no per-chunk bytes
+    object is allocated (this runs over every blob the caches verify). Fewer bytes than ``count``
+    means the file is shorter.
     """
-    h = hashlib.sha256()
-    buf = bytearray(CHUNK_BYTES)
-    view = memoryview(buf)
-    off = 0
-    while size is None or off < size:
-        want = CHUNK_BYTES if size is None else min(CHUNK_BYTES, size - off)
-        n = os.preadv(fd, [view[:want]], off)
+    done = 0
+    while count is None or done < count:
+        want = len(buf) if count is None else min(len(buf), count - done)
+        n = os.preadv(fd, [buf[:want]], off + done)
         if n <= 0:
             break
-        h.update(view[:n])
-        off += n
-    return h.hexdigest(), off
+        h.update(buf[:n])
+        done += n
+    return done
+
+
+def sha256_fd(fd: int, size: int | None = None) -> tuple[str, int]:
+    """sha256 hex digest and byte count of an open file from offset 0 (at most ``size`` bytes)."""
+    h = hashlib.sha256()
+    n = feed_fd(h, fd, memoryview(bytearray(CHUNK_BYTES)), 0, size)
+    return h.hexdigest(), n

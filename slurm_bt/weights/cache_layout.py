@@ -43,6 +43,7 @@ from pydantic import ValidationError
 from slurm_bt.atomic import fsync_dir, publish_dir_atomic, syncfs
 from slurm_bt.errors import CacheIntegrityError, StorageError
 from slurm_bt.posix.safefs import remove_owned_tree
+from slurm_bt.storage.checksums import feed_fd
 from slurm_bt.weights.locks import process_start_time
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 
@@ -398,14 +399,7 @@ def _hash_range(h: hashlib._Hash, fd: int, off: int, count: int) -> None:
     buf: bytearray | None = getattr(_hash_buffers, "buf", None)
     if buf is None:
         buf = _hash_buffers.buf = bytearray(_HASH_READ)
-    view = memoryview(buf)
-    pos, end = off, off + count
-    while pos < end:
-        n = os.preadv(fd, [view[:min(_HASH_READ, end - pos)]], pos)
-        if n <= 0:
-            break  # short file: the digest covers what is there, and mismatches
-        h.update(view[:n])
-        pos += n
+    feed_fd(h, fd, memoryview(buf), off, count)  # short file: the digest covers what is there, and mismatches
     _start_writeback(fd, off, count)
 
 

@@ -50,7 +50,7 @@ from typing import Any
 from slurm_bt.atomic import fsync_dir, temp_name
 from slurm_bt.errors import SourceError, SourceIntegrityError, SourceUnavailableError, StorageError
 from slurm_bt.storage.base import Backend, RemoteFile, TransportOptions, backoff_delay_s
-from slurm_bt.storage.checksums import Hasher, OriginChecksum, new_hasher, pick_check
+from slurm_bt.storage.checksums import Hasher, OriginChecksum, feed_fd, new_hasher, pick_check
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.storage.registry import open_backend
@@ -208,14 +208,7 @@ def _hash_fd(fd: int, check: OriginChecksum, size: int) -> str:
     """``check``'s digest of the first ``size`` bytes of ``fd`` (a temp file, re-read from the page cache)."""
     h = new_hasher(check, size)
     assert h is not None  # the same kind as the check already computed
-    buf = _thread_buffer(_HASH_CHUNK, hashing=True)
-    pos = 0
-    while pos < size:
-        n = os.preadv(fd, [buf[:min(_HASH_CHUNK, size - pos)]], pos)
-        if not n:
-            break
-        h.update(buf[:n])
-        pos += n
+    feed_fd(h, fd, _thread_buffer(_HASH_CHUNK, hashing=True), 0, size)
     return h.hexdigest()
 
 
