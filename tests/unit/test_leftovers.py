@@ -506,6 +506,9 @@ def test_deep_process_trees_cost_one_walk_and_cannot_hide(tmp_path: Path, monkey
         return real_read(path, limit)
 
     monkeypatch.setattr(leftovers, "_read_small", counting_read)
+    # The scan skips the caller's own pid; the fake tree's pids are not real, so neither may be ours
+    # (a whole-suite run once had pytest at pid 4438, inside the fake 4000-4999 chain).
+    monkeypatch.setattr(leftovers.os, "getpid", lambda: 2)
     found = {p.pid for p in leftover_candidates(UID, str(proc))}
     assert found == set(range(1000, 2000)) | set(range(4000, 5000))
     assert len(reads) <= 4 * 3003, len(reads)
