@@ -47,7 +47,13 @@ def temp_name(final: Path) -> Path:
     The name starts with a dot and contains ``.tmp-`` so that garbage collectors can recognise
     leftovers of a killed process, and it never matches a secret or snapshot name.
     """
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(6)}")
+    return final.with_name(temp_basename(final.name))
+
+
+def temp_basename(name: str) -> str:
+    """The last component of :func:`temp_name` for a file called ``name`` (for callers that build
+    many paths as strings: pathlib's parsing cost ~20 us a file over 10,000 small blobs)."""
+    return f".{name}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
 
 
 def _reason(exc: OSError) -> str:

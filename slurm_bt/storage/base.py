@@ -281,6 +281,17 @@ class Backend:
         """Every object under the root with size, version pin and listed checksums."""
         raise NotImplementedError
 
+    def list_files_streaming(self, on_file: Callable[[RemoteFile], None]) -> Listing:
+        """:meth:`list_files`, calling ``on_file`` with each file as soon as it is final (its
+        checksums known), before the listing ends, so its download can start.
+
+        Not every file need be passed to ``on_file`` (this default passes none): callers take
+        the rest from the returned listing. Only backends whose listing takes many requests (S3's
+        pages) override it.
+        """
+        del on_file
+        return self.list_files()
+
     def stat(self, path: str) -> RemoteFile:
         """One object's size, version pin and checksums.
 

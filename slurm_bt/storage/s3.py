@@ -32,7 +32,7 @@ import hashlib
 import hmac
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -529,6 +529,10 @@ class S3Backend(Backend):
                           checksums=self._etag_check(etag))
 
     def list_files(self) -> Listing:
+        """See :meth:`list_files_streaming` (which this is, with nothing streamed)."""
+        return self.list_files_streaming(lambda _f: None)
+
+    def list_files_streaming(self, on_file: Callable[[RemoteFile], None]) -> Listing:
         """List every object under ``prefix/`` (directory semantics); one object if prefix is a key.
 
         Each object carries the checksums its origin vouches for: the MD5 of a single-part ETag
@@ -543,7 +547,8 @@ class S3Backend(Backend):
         from slurm_bt.storage.url import safe_relative_path
 
         prefix = self.url.prefix
-        found: list[tuple[str, str, int, str | None, bool]] = []  # path, key, size, etag, head?
+        # path, key, size, etag, the ETag's checks, HEAD?
+        found: list[tuple[str, str, int, str | None, tuple[OriginChecksum, ...], bool]] = []
         try:
             for page in self._list_pages(f"{prefix}/" if prefix else ""):
                 for obj in page:
@@ -567,21 +572,26 @@ class S3Backend(Backend):
                             # for a big single-part object the HEAD may find a CRC that replaces the
                             # MD5 (docs/storage.md: ~2 s of CPU per 2 GiB on the bench VM).
                             or (not algos and size >= _HEAD_MIN_SIZE))
-                    found.append((path, key, size, etag, head))
+                    checks = self._etag_check(etag)
+                    found.append((path, key, size, etag, checks, head))
+                    if not head:  # final already: its download may start while the next page is asked
+                        on_file(RemoteFile(path, size, None, etag=etag, checksums=checks))
         except SourceError:
             raise
         except Exception as exc:
             raise self.map_error(exc) from exc
         files: list[RemoteFile] = []
-        wanted = [(key, size, etag) for _, key, size, etag, head in found if head]
+        wanted = [(path, key, size, etag) for path, key, size, etag, _, head in found if head]
         heads: dict[str, tuple[str | None, tuple[OriginChecksum, ...]]] = {}
         if wanted:
             with ThreadPoolExecutor(min(16, self.options.max_connections), thread_name_prefix="bt-head") as pool:
-                heads = dict(zip((k for k, _, _ in wanted), pool.map(
-                    lambda kse: self._file_checks(kse[0], kse[1], kse[2], self.head(kse[0], kse[2])), wanted),
-                    strict=True))
-        for path, key, size, etag, _ in found:
-            sha, checks = heads.get(key) or (None, self._etag_check(etag))
+                for (path, key, size, etag), got in zip(wanted, pool.map(
+                        lambda pkse: self._file_checks(pkse[1], pkse[2], pkse[3], self.head(pkse[1], pkse[3])),
+                        wanted), strict=True):
+                    heads[key] = got
+                    on_file(RemoteFile(path, size, got[0], etag=etag, checksums=got[1]))
+        for path, key, size, etag, listed, _ in found:
+            sha, checks = heads.get(key) or (None, listed)
             files.append(RemoteFile(path, size, sha, etag=etag, checksums=checks))
         if not files and prefix:
             try:

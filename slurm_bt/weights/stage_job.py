@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import BtError, SourceError, StorageError
-from slurm_bt.storage.base import Backend
+from slurm_bt.storage.base import Backend, Listing, RemoteFile
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.units import format_bytes
@@ -49,7 +49,15 @@ from slurm_bt.weights.cluster_cache import ClusterCache, blob_present, team_tier
 from slurm_bt.weights.delivery_report import write_staging_status
 from slurm_bt.weights.locks import LockOptions
 from slurm_bt.weights.manifest import Manifest, ManifestFile
-from slurm_bt.weights.plan import SourcePin, cluster_tiers, job_manifest_path, lookup_pin, pin_key, select_listing
+from slurm_bt.weights.plan import (
+    PinnedFile,
+    SourcePin,
+    cluster_tiers,
+    job_manifest_path,
+    lookup_pin,
+    pin_key,
+    select_listing,
+)
 
 __all__ = ["StageOutcome", "ensure_team_root", "stage_plan", "stage_source", "team_gid"]
 
@@ -270,7 +278,7 @@ def stage_source(
     """
     from slurm_bt.storage.registry import open_backend
     from slurm_bt.storage.url import parse_source_uri
-    from slurm_bt.weights.download import DownloadOptions, each_in_threads, fetch_file, fetch_small
+    from slurm_bt.weights.download import DownloadOptions, each_streamed, fetch_file, fetch_small
 
     opts: DownloadOptions = options or DownloadOptions(max_files=16)  # many small files: overlap fsyncs
     t0 = time.monotonic()
@@ -284,33 +292,42 @@ def stage_source(
                           options=opts.transport)
     try:
         with team.lock(f"pin-{pin.pin_key}", lock_opts):
-            listing = backend.list_files()  # with the user's credentials: authorization, hit or miss
-            files, revision = select_listing(listing, pin.allow_patterns, pin.ignore_patterns)
-            key = pin_key(listing.uri.kind, listing.uri.canonical, revision, files)
-            if key != pin.pin_key:
-                raise SourceError(pin.source, "source changed since submit (objects added, removed or replaced "
-                                  "after bt-sbatch pinned it); resubmit to use the new version")
+            def checked_listing(on_file: Callable[[RemoteFile], None]) -> tuple[Listing, list[PinnedFile], str]:
+                # With the user's credentials: authorization, hit or miss.
+                listing = backend.list_files_streaming(on_file)
+                files, revision = select_listing(listing, pin.allow_patterns, pin.ignore_patterns)
+                if pin_key(listing.uri.kind, listing.uri.canonical, revision, files) != pin.pin_key:
+                    raise SourceError(pin.source, "source changed since submit (objects added, removed or "
+                                      "replaced after bt-sbatch pinned it); resubmit to use the new version")
+                return listing, files, revision
+
+            # A hit is known from the pin key alone, but is returned only once the listing matched it.
             for tier in (team, shared):
-                m = pin.manifest or lookup_pin(tier, key)
+                m = pin.manifest or lookup_pin(tier, pin.pin_key)
                 if m is not None and tier.has(m):
+                    checked_listing(lambda _f: None)
                     return StageOutcome(pin.index, pin.pinned_uri, "cluster-hit", m.total_bytes, 0,
                                         time.monotonic() - t0, m)
-            by_path = {f.path: f for f in listing.files}
-            remote = [by_path[f.path] for f in files]
-            total = sum(f.size for f in remote)
+            # A miss: each pinned file the listing reaches (same path, size and ETag as at submit)
+            # is fetched while the listing goes on, as ``s5cmd cp`` does; nothing is recorded as an
+            # entry until the whole listing matched the pin (a changed source fails the job, and what
+            # was fetched by then is only content-addressed, verified blobs). Files the backend did
+            # not stream follow, biggest first.
+            pinned = {(f.path, f.size, f.etag) for f in pin.files}
+            handed: set[str] = set()
             # Temp files go to a writer dir that names this process and keeps a heartbeat, not
             # beside the blobs: a kill -9 leaves debris the next stager can prove dead and remove.
-            with _Progress(pin.pinned_uri, total, out, progress_interval_s) as progress, \
+            with _Progress(pin.pinned_uri, sum(f.size for f in pin.files), out, progress_interval_s) as progress, \
                     team.writer_dir() as wdir, team.fetched_batch() as batch:
                 counting = _CountingSource(backend, progress)
 
-                def fetch_into_tier(rf: Any) -> str:
+                def fetch_into_tier(rf: Any) -> ManifestFile:
                     if rf.size <= opts.small_file_max:  # verified in memory, published in batches (BlobBatch)
                         small = fetch_small(counting, rf, wdir, options=opts)
                         assert small.path is not None
-                        batch.add(small.path, ManifestFile(path=rf.path, size=rf.size, sha256=small.sha256,
-                                                           etag=rf.etag))
-                        return small.sha256
+                        mf = ManifestFile(path=rf.path, size=rf.size, sha256=small.sha256, etag=rf.etag)
+                        batch.add(small.path, mf)
+                        return mf
                     got = fetch_file(counting, rf, wdir, options=opts, pool=parts)
                     mf = ManifestFile(path=rf.path, size=rf.size, sha256=got.sha256, etag=rf.etag)
                     if got.path is not None and got.path.parent == wdir:
@@ -319,12 +336,11 @@ def stage_source(
                         except FileNotFoundError:  # two files with one content: the other published it
                             if not blob_present(team.layout, mf):
                                 raise
-                    return got.sha256
+                    return mf
 
                 def one(rf: Any) -> ManifestFile:
                     if rf.sha256 is None:  # no published hash: the bytes we publish name the blob
-                        sha = fetch_into_tier(rf)
-                        return ManifestFile(path=rf.path, size=rf.size, sha256=sha, etag=rf.etag)
+                        return fetch_into_tier(rf)
                     mf = ManifestFile(path=rf.path, size=rf.size, sha256=rf.sha256, etag=rf.etag)
                     if not blob_present(team.layout, mf):
                         with team.lock(f"blob-{rf.sha256}", lock_opts):
@@ -332,15 +348,27 @@ def stage_source(
                                 fetch_into_tier(rf)
                     return mf
 
+                def produce(submit: Callable[[RemoteFile], None]) -> tuple[Listing, str]:
+                    def early(rf: RemoteFile) -> None:
+                        if (rf.path, rf.size, rf.etag) in pinned and rf.path not in handed:
+                            handed.add(rf.path)
+                            submit(rf)
+
+                    listing, files, revision = checked_listing(early)
+                    by_path = {f.path: f for f in listing.files}
+                    for rf in sorted((by_path[f.path] for f in files if f.path not in handed), key=lambda f: -f.size):
+                        submit(rf)
+                    return listing, revision
+
                 with ThreadPoolExecutor(opts.max_workers, thread_name_prefix="bt-part") as parts:
-                    got = each_in_threads(one, sorted(remote, key=lambda f: -f.size), opts.max_files)
+                    (listing, revision), got = each_streamed(one, produce, opts.max_files)
                 progress.print_line()
             manifest = Manifest(kind=listing.uri.kind, source=listing.uri.canonical, revision=revision,
                                 files=tuple(got))
             with team.lock(f"manifest-{manifest.manifest_id}", lock_opts):
                 team.add_manifest(manifest)
             with contextlib.suppress(OSError):  # a teammate's record may sit there (sticky dir): fine
-                team.write_pin(key, manifest)
+                team.write_pin(pin.pin_key, manifest)
             return StageOutcome(pin.index, pin.pinned_uri, "miss", manifest.total_bytes, progress.done,
                                 time.monotonic() - t0, manifest)
     finally:

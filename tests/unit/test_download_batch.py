@@ -459,6 +459,74 @@ def test_each_in_threads_keeps_order_and_stops_handing_out_after_a_failure() -> 
     assert each_in_threads(lambda x: x, [], 8) == []
 
 
+def test_each_streamed_runs_items_while_they_are_produced_and_stops_on_either_failure() -> None:
+    import threading
+
+    from slurm_bt.weights.download import each_streamed
+
+    first_done = threading.Event()
+
+    def produce(submit: Any) -> str:
+        submit(1)
+        assert first_done.wait(10)  # a worker ran item 1 while the producer was still producing
+        for x in range(2, 50):
+            submit(x)
+        return "listed"
+
+    def work(x: int) -> int:
+        first_done.set()
+        return -x
+
+    assert each_streamed(work, produce, 4) == ("listed", [-x for x in range(1, 50)])
+    # The producer's failure stops the hand-out and is raised once the items already started have
+    # finished (each_streamed joins its threads first: nothing runs on behind the caller's back).
+    started: list[int] = []
+    finished: list[int] = []
+    running = threading.Event()
+
+    def produce_then_fail(submit: Any) -> None:
+        for x in range(50):
+            submit(x)
+        assert running.wait(10)
+        raise SourceUnavailableError("s3://bkt/models", "listing page 2 failed")
+
+    def slow(x: int) -> None:
+        import time
+
+        started.append(x)
+        running.set()
+        time.sleep(0.05)
+        finished.append(x)
+
+    with pytest.raises(SourceUnavailableError, match="listing page 2"):
+        each_streamed(slow, produce_then_fail, 2)
+    assert started and sorted(finished) == sorted(started) and len(started) < 50
+    # A worker's failure stops the producer at its next submit, and is what is raised.
+    submitted: list[int] = []
+
+    def produce_forever(submit: Any) -> None:
+        x = 0
+        while True:
+            submit(x)
+            submitted.append(x)
+            x += 1
+            if x > 100_000:
+                raise AssertionError("the producer was never stopped")
+            if x % 100 == 0:
+                import time
+
+                time.sleep(0.01)
+
+    def fail_at_3(x: int) -> int:
+        if x == 3:
+            raise ValueError("boom")
+        return x
+
+    with pytest.raises(ValueError, match="boom"):
+        each_streamed(fail_at_3, produce_forever, 2)
+    assert len(submitted) < 100_000
+
+
 def test_the_writer_dir_spreads_its_subdirectories_where_the_filesystem_can(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     import fcntl

@@ -71,10 +71,28 @@ def test_the_listing_equals_botocores_for_the_same_pages(serve: Any, encode: boo
         listings[plane] = backend.list_files()
         backend.close()
     assert listings["presigned"] == listings["boto3"]
+    backend = _backend(server.url, "presigned")
+    assert backend.list_files_streaming(lambda _f: None) == listings["presigned"]  # the same listing
+    backend.close()
     files = {f.path: f for f in listings["presigned"].files}
     assert sorted(files) == sorted(k[len("pre/"):] for k in KEYS)
     assert files["a b+c=d&e.txt"].size == 100 and files["a b+c=d&e.txt"].etag == f'"{0:032x}"'
     assert b"X-Amz-Signature=" in server.requests[-1]  # the presigned plane's page requests are signed
+
+
+@pytest.mark.parametrize("plane", ["boto3", "presigned"])
+def test_streaming_hands_out_each_page_before_the_next_is_asked(serve: Any, plane: str) -> None:  # noqa: F811
+    """``list_files_streaming`` (what the staging job lists with, stage_job.py): a page's files reach
+    ``on_file`` before the next page is requested, so their downloads overlap the rest of the listing."""
+    server = serve(_lister())
+    backend = _backend(server.url, plane)
+    seen: list[tuple[str, int]] = []
+    listing = backend.list_files_streaming(lambda f: seen.append((f.path, len(server.requests))))
+    backend.close()
+    assert [p for p, _ in seen] == [k[len("pre/"):] for k in KEYS]
+    assert {n for _, n in seen[:3]} == {1} and {n for _, n in seen[3:]} == {2}  # page 1's files before page 2
+    streamed = {f.path: f for f in listing.files}
+    assert all(streamed[p].checksums and streamed[p].etag for p, _ in seen)  # final: the listing's own values
 
 
 def test_a_page_without_the_s3_namespace_is_read_too(serve: Any) -> None:  # noqa: F811
