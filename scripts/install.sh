@@ -44,6 +44,8 @@ say "pip install -e $repo[dev,s3,hf,gcs,azure,https,ssh,bench]"
 for tool in bt-sbatch slurm-bt; do
   ln -sf "$venv/bin/$tool" "/usr/local/bin/$tool"
 done
+# The checkout's hook wrappers (prolog/, epilog/: the dev cluster's Prolog and Epilog) run this venv.
+ln -sfn "$venv" "$repo/.bt-venv"
 chmod -R a+rX "$venv"
 
 # Azurite (Azure Blob emulator) for the azure:// storage tests (tests/servers/azurite.py), from npm into

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -136,3 +137,29 @@ def test_doctor_warns_about_handoffs_the_sweep_left_for_an_hour(tmp_path: Path) 
     os.utime(area / "12.n1", (old, old))
     check = _handoff_area_check("n1", storage)
     assert not check.ok and check.warn and "12.n1" in check.problem and "resume-handoffs --node n1" in check.fix
+
+
+@pytest.mark.parametrize("kind", ["prolog", "epilog"])
+def test_checkout_wrappers_run_the_venv_install_sh_linked(tmp_path: Path, kind: str) -> None:
+    """The dev cluster's Prolog/Epilog are the checkout's wrappers: they run the venv scripts/install.sh
+    linked as ``<checkout>/.bt-venv`` (SLURM_BT_VENV may name another venv than the default, which then
+    may hold another checkout: its hooks failed with "No module named slurm_bt" and drained the nodes)."""
+    repo = Path(__file__).resolve().parents[2]
+    checkout = tmp_path / "checkout"
+    (checkout / kind).mkdir(parents=True)
+    wrapper = checkout / kind / f"slurm-bt-{kind}"
+    shutil.copy2(repo / kind / f"slurm-bt-{kind}", wrapper)
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").write_text('#!/bin/sh\necho "ran $0 $*"\n')
+    (venv_bin / "python").chmod(0o755)
+    (checkout / ".bt-venv").symlink_to(tmp_path / "venv")
+    proc = subprocess.run([str(wrapper), "x"], env={}, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"ran {checkout / kind}/../.bt-venv/bin/python -I -m slurm_bt.hooks.{kind} x\n"
+    # The linked venv is gone: the hook says so and fails (what slurmd turns into a drain with that
+    # reason), rather than running whatever the default venv holds.
+    shutil.rmtree(tmp_path / "venv")
+    proc = subprocess.run([str(wrapper)], env={}, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and f"slurm-bt {kind}: DRAIN: interpreter" in proc.stderr
+    assert ".bt-venv/bin/python is missing" in proc.stderr
