@@ -180,8 +180,10 @@ def test_killed_stager_resumes_on_the_next_job(site: Site) -> None:
     assert not (node_root / "snapshots" / m.manifest_id).exists()
     work2, _ = _prolog(site, m, "big4", "72")
     assert _wait_until(lambda: (node_root / "snapshots" / m.manifest_id).is_dir(), 20)
+    # The stager records "done" just after it publishes the snapshot: wait for the record too.
+    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "done", 10)
     rec = read_progress(node_root, key) or {}
-    assert rec["state"] == "done" and rec["resumed_bytes"] == kept, rec
+    assert rec["resumed_bytes"] == kept, rec
     for p, b in FILES.items():
         assert (node_root / "jobs" / "72" / "w0" / p).read_bytes() == b
     _epilog(site, "72", work2)
