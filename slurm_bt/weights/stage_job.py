@@ -278,7 +278,13 @@ def stage_source(
     """
     from slurm_bt.storage.registry import open_backend
     from slurm_bt.storage.url import parse_source_uri
-    from slurm_bt.weights.download import DownloadOptions, each_streamed, fetch_file, fetch_small
+    from slurm_bt.weights.download import (
+        DownloadOptions,
+        each_streamed,
+        fetch_file,
+        fetch_small,
+        release_thread_buffers,
+    )
 
     opts: DownloadOptions = options or DownloadOptions(max_files=16)  # many small files: overlap fsyncs
     t0 = time.monotonic()
@@ -328,7 +334,11 @@ def stage_source(
                         mf = ManifestFile(path=rf.path, size=rf.size, sha256=small.sha256, etag=rf.etag)
                         batch.add(small.path, mf)
                         return mf
-                    got = fetch_file(counting, rf, wdir, options=opts, pool=parts)
+                    with big_slots:  # small files run on more threads than bigger ones may
+                        try:
+                            got = fetch_file(counting, rf, wdir, options=opts, pool=parts)
+                        finally:
+                            release_thread_buffers()
                     mf = ManifestFile(path=rf.path, size=rf.size, sha256=got.sha256, etag=rf.etag)
                     if got.path is not None and got.path.parent == wdir:
                         try:
@@ -360,8 +370,13 @@ def stage_source(
                         submit(rf)
                     return listing, revision
 
+                # Small files (one GET each) on up to max_small_files threads, bigger ones on at most
+                # max_files of them at a time (DownloadOptions says why).
+                big_slots = threading.BoundedSemaphore(opts.max_files)
+                files_at_once = max(opts.max_files, min(opts.max_small_files, sum(
+                    1 for f in pin.files if f.size <= opts.small_file_max)))
                 with ThreadPoolExecutor(opts.max_workers, thread_name_prefix="bt-part") as parts:
-                    (listing, revision), got = each_streamed(one, produce, opts.max_files)
+                    (listing, revision), got = each_streamed(one, produce, files_at_once)
                 progress.print_line()
             manifest = Manifest(kind=listing.uri.kind, source=listing.uri.canonical, revision=revision,
                                 files=tuple(got))
