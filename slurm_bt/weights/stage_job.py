@@ -28,6 +28,7 @@ Progress goes to the staging job's log (``logs/staging-<id>.out``) every few sec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import grp
 import os
 import sys
@@ -294,8 +295,13 @@ def stage_source(
         print(f"slurm-bt staging: warning: shared tier {shared.refused}", file=out, flush=True)
     team.layout.ensure(dir_mode=team.dir_mode)
     lock_opts = LockOptions(timeout_s=lock_timeout_s, log_every_s=30.0)
+    # One pooled connection for every file thread and range worker that may be busy at once: a
+    # urllib3 or botocore pool smaller than that opens extra connections, then drops each one with
+    # a "connection pool is full" warning on the job's stderr.
+    transport = dataclasses.replace(opts.transport, max_connections=max(
+        opts.transport.max_connections, max(opts.max_files, opts.max_small_files) + opts.max_workers))
     backend = open_backend(parse_source_uri(pin.pinned_uri), credentials=credentials, endpoints=endpoints,
-                          options=opts.transport)
+                          options=transport)
     try:
         with team.lock(f"pin-{pin.pin_key}", lock_opts):
             def checked_listing(on_file: Callable[[RemoteFile], None]) -> tuple[Listing, list[PinnedFile], str]:

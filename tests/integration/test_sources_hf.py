@@ -283,3 +283,33 @@ def test_lfs_files_follow_the_hubs_redirect_to_its_cdn_without_the_token(
     assert fake_hub.cdn_auth == [None] * len(fake_hub.cdn_auth)  # never the Hub token
     cdn_ranged = [r for r in fake_hub.requests if r[1].startswith("/cdn-lfs/") and r[2]]
     assert len(cdn_ranged) >= 5  # 5 MiB in 1 MiB parts, each its own redirected ranged GET
+
+
+def test_staging_many_small_files_keeps_every_connection_pooled(
+        fake_hub: FakeHub, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    """The staging job fetches up to 64 small files at once (stage_job.py): the backend's connection pool
+    must hold that many, or each extra connection is opened, used once and dropped with urllib3's
+    "Connection pool is full" warning on the job's stderr."""
+    import logging
+
+    from slurm_bt.weights.cluster_cache import ClusterCache
+    from slurm_bt.weights.plan import SourcePin, list_selected, pin_key
+    from slurm_bt.weights.stage_job import stage_source
+
+    name = f"Org/ManySmall{next(_counter)}"
+    files = {f"tok/{i:03d}.json": _rand(3000, i) for i in range(200)}
+    fake_hub.add_repo(name, files)
+    caplog.set_level(logging.WARNING, logger="urllib3")
+    listing, picked, revision = list_selected(f"hf://{name}", allow=None, ignore=None, credentials=None,
+                                              endpoints=ep(fake_hub))
+    pin = SourcePin(index=0, declared=f"hf://{name}", kind="hf", source=listing.uri.canonical, revision=revision,
+                    mount_location="/w", pin_key=pin_key("hf", listing.uri.canonical, revision, picked),
+                    files=tuple(picked))
+    team = ClusterCache(tmp_path / "team", dir_mode=0o755)
+    with open(os.devnull, "w") as out:
+        outcome = stage_source(pin, team, ClusterCache(tmp_path / "shared"), credentials=None,
+                               endpoints=ep(fake_hub), out=out)
+    snap = team.snapshot_path(outcome.manifest)
+    assert all((snap / p).read_bytes() == b for p, b in files.items())
+    full = [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()]
+    assert full == [], full[:3]
