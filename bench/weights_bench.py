@@ -698,15 +698,19 @@ def bench_gpu(work: Path, mib: int, node: str) -> None:
 # -- report ----------------------------------------------------------------------------------------------------
 
 
+def _values(section: str, dataset: str, pred: Callable[[str], bool], field: str = "seconds") -> list[float]:
+    """``field`` of the rows of ``section``/``dataset`` whose client ``pred`` accepts (where it is set)."""
+    return [r[field] for r in RESULTS["rows"] if r["section"] == section and r["dataset"] == dataset
+            and pred(r["client"]) and r.get(field)]
+
+
 def _best(section: str, dataset: str, pred: Callable[[str], bool]) -> float | None:
-    vals = [r["seconds"] for r in RESULTS["rows"] if r["section"] == section and r["dataset"] == dataset
-            and pred(r["client"]) and r["seconds"]]
+    vals = _values(section, dataset, pred)
     return min(vals) if vals else None
 
 
 def _median(section: str, dataset: str, prefix: str) -> float | None:
-    got = [r["median_s"] for r in RESULTS["rows"] if r["section"] == section and r["dataset"] == dataset
-           and r["client"].startswith(prefix) and r.get("median_s")]
+    got = _values(section, dataset, lambda c: c.startswith(prefix), "median_s")
     return got[0] if got else None
 
 
