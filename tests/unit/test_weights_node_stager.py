@@ -74,6 +74,16 @@ def _record(node_root: Path, job: str) -> list[dict[str, Any]]:
     return rec
 
 
+def _state(node_root: Path, key: str) -> Any:
+    return (read_progress(node_root, key) or {}).get("state")
+
+
+def _wait_done(node_root: Path, key: str) -> bool:
+    """The stager writes its "done" record just *after* it publishes the snapshot (the job's wait
+    ends on the snapshot): a test that saw the snapshot waits for the record too."""
+    return _wait_until(lambda: _state(node_root, key) == "done", 10)
+
+
 def _wait_until(pred: Any, timeout_s: float = 20.0) -> bool:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -100,8 +110,8 @@ def test_miss_is_copied_outside_the_prolog_and_step1_waits_with_progress(site: S
     assert rec[0]["tier"] == "node-staging" and rec[0]["stager"] == f"pub-{m.manifest_id}"
     key = rec[0]["stager"]
     # the copy (~4 s at 1 MiB/s) outlives the prolog: it was not the prolog's work
-    assert (read_progress(node_root, key) or {}).get("state") in ("starting", "running")
-    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "running", 15)
+    assert _state(node_root, key) in ("starting", "running")
+    assert _wait_until(lambda: _state(node_root, key) == "running", 15)
     mid_copy = read_progress(node_root, key) or {}
     assert mid_copy["total_bytes"] == m.total_bytes and mid_copy["done_bytes"] < m.total_bytes
 
@@ -119,7 +129,7 @@ def test_miss_is_copied_outside_the_prolog_and_step1_waits_with_progress(site: S
     snap = node_root / "jobs" / "41" / "w0"
     for p, b in FILES.items():
         assert (snap / p).read_bytes() == b
-    assert (read_progress(node_root, key) or {}).get("state") == "done"
+    assert _wait_done(node_root, key)
     assert not (node_root / "stagers" / f"{key}.json").exists()  # the request (a whole manifest) is dropped
     _epilog(site, "41", work)
 
@@ -144,9 +154,9 @@ def test_cancelled_job_stops_its_copy_and_publishes_nothing(site: Site) -> None:
     m = _entry(site, "big3")
     work, _ = _prolog(site, m, "big3", "61")
     key = f"pub-{m.manifest_id}"
-    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "running", 15)
+    assert _wait_until(lambda: _state(node_root, key) == "running", 15)
     _epilog(site, "61", work)  # the job ended while waiting: its lease goes
-    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "cancelled", 15)
+    assert _wait_until(lambda: _state(node_root, key) == "cancelled", 15)
     assert not (node_root / "snapshots" / m.manifest_id).exists()
     assert not CacheLayout(node_root).manifest_file(m.manifest_id).exists()
     assert _wait_until(lambda: os.listdir(node_root / ".tmp") == [], 3), os.listdir(node_root / ".tmp")
@@ -180,8 +190,7 @@ def test_killed_stager_resumes_on_the_next_job(site: Site) -> None:
     assert not (node_root / "snapshots" / m.manifest_id).exists()
     work2, _ = _prolog(site, m, "big4", "72")
     assert _wait_until(lambda: (node_root / "snapshots" / m.manifest_id).is_dir(), 20)
-    # The stager records "done" just after it publishes the snapshot: wait for the record too.
-    assert _wait_until(lambda: (read_progress(node_root, key) or {}).get("state") == "done", 10)
+    assert _wait_done(node_root, key)
     rec = read_progress(node_root, key) or {}
     assert rec["resumed_bytes"] == kept, rec
     for p, b in FILES.items():
@@ -250,7 +259,7 @@ def test_credentialed_entry_is_copied_into_the_teams_private_subtree(site: Site)
 
     assert as_user("btu1", step1) == "cluster-hit:{}"
     key = f"team-btteam1-{m.manifest_id}"
-    assert as_user("btu1", lambda: (read_progress(node_root, key) or {}).get("state")) == "done"
+    assert as_user("btu1", lambda: _wait_done(node_root, key))
     assert as_user("btu2", lambda: read_progress(node_root, key)) is None  # another team: not even the sizes
     _epilog(site, "81", work)
 
@@ -300,8 +309,9 @@ def test_killed_copy_of_one_big_file_resumes_inside_the_file(site: Site) -> None
     work2, _ = _prolog(site, m, "gguf", "92")
     assert _wait_until(lambda: (node_root / "snapshots" / m.manifest_id).is_dir(), 30), \
         (site.base / "log" / "hooks.log").read_text()[-3000:]
+    assert _wait_done(node_root, key)
     rec = read_progress(node_root, key) or {}
-    assert rec["state"] == "done" and rec["resumed_bytes"] >= done, (rec, done)
+    assert rec["resumed_bytes"] >= done, (rec, done)
     assert (node_root / "jobs" / "92" / "w0" / "model.gguf").read_bytes() == big["model.gguf"]
     assert not mark.exists() and not (node_root / ".tmp" / f"partial-{sha}").exists()
     _epilog(site, "92", work2)
