@@ -23,6 +23,8 @@ Sections (``--sections``):
 1. ``s3``: remote → cluster cache, S3 (SeaweedFS): ours (``stage_source``: pinned ranges, sha256 of
    every byte, fsync, publish) with the presigned-URL/urllib3 data plane and with botocore streams, vs
    s5cmd (Go, defaults), awscrt ``S3Client`` (C, single files), boto3 ``download_file`` defaults;
+   small-file datasets then again, ours and s5cmd, behind ``bench/_latency_proxy.py``
+   (``--latency-ms``, default 20: every answer that much later, as from a store a round trip away);
 2. ``hf``: remote → cluster cache, HF (fake Hub): ours vs hf_transfer (Rust; 8 files at a time, the
    settings huggingface_hub used) vs ``snapshot_download`` (defaults);
 3. ``node``: cluster → node: ``NodeCache.stage`` from a team tier (re-hashed) and from a trusted shared
@@ -394,7 +396,9 @@ def upload_s3(client: Any, ds: Dataset, data: Path) -> None:
             pass
 
 
-def bench_s3(ds: Dataset, data: Path, work: Path) -> None:
+def bench_s3(ds: Dataset, data: Path, work: Path, latency_ms: float = 0.0) -> None:
+    """Ours against the native S3 clients on loopback; with ``latency_ms``, small files again behind
+    :func:`far_s3`'s proxy."""
     import boto3
     from boto3.s3.transfer import TransferConfig
 
@@ -435,6 +439,8 @@ def bench_s3(ds: Dataset, data: Path, work: Path) -> None:
             contenders["awscrt S3Client (8 MiB parts)"] = (run_crt, lambda: drop_tree(cdest))
         for client, runs in interleaved(contenders).items():
             row_of_runs("s3->cluster", name, client, nbytes, runs)
+        if latency_ms:
+            far_s3(ds, server.endpoint, creds, env, work, latency_ms)
         # The slow planes are never the fastest client: two runs each, and none beyond 20,000 files.
         ob_dest = work / "s3-ours-boto3"
         if ds.count > SLOW_BASELINE_MAX_FILES:
@@ -467,6 +473,49 @@ def bench_s3(ds: Dataset, data: Path, work: Path) -> None:
     finally:
         server.stop()
         drop_tree(work / "seaweed")
+
+
+def far_s3(ds: Dataset, endpoint: str, creds: Any, env: dict[str, str], work: Path, latency_ms: float) -> None:
+    """Ours and s5cmd, alternated, through ``bench/_latency_proxy.py`` (every answer ``latency_ms``
+    late): the rows of section ``s3+<ms>ms->cluster``.
+
+    Why: on loopback a GET answers in well under a millisecond, so a client's requests in flight
+    never show; against a store a round trip away a small file's rate is requests in flight per
+    round trip. Small-file datasets only: a big object's rate hardly moves with 20 ms, and the
+    proxy, a Python process on these same two cores, would measure itself.
+    """
+    if ds.kind != "small":
+        return
+    section = f"s3+{latency_ms:g}ms->cluster"
+    proxy = subprocess.Popen([sys.executable, str(REPO / "bench" / "_latency_proxy.py"),
+                              endpoint.split("://", 1)[1], str(latency_ms)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proxy.stdout is not None
+        far = json.loads(proxy.stdout.readline())["endpoint"]
+        ep = StorageEndpoints(s3_endpoint_url=far, s3_addressing_style="path", s3_data_plane="presigned")
+        odest, dest = work / "s3far-ours", work / "s3far-s5cmd"
+        argv = [str(BIN / "s5cmd"), "--endpoint-url", far, "cp", f"s3://bench/{ds.name}/*", f"{dest}/"]
+
+        def run_s5() -> float:
+            dest.mkdir(exist_ok=True)
+            return timed(lambda: subprocess.run(argv, env=env, capture_output=True, text=True, check=True))
+
+        runs = interleaved({
+            "ours (presigned, sha256)": (lambda: ours(f"s3://bench/{ds.name}", ep, creds, odest)[0],
+                                         lambda: drop_tree(odest)),
+            "s5cmd (defaults)": (run_s5, lambda: drop_tree(dest)),
+        })
+        for client, got in runs.items():
+            row_of_runs(section, ds.name, client, ds.total, got)
+    finally:
+        if proxy.stdin is not None:
+            proxy.stdin.close()  # the proxy serves until its stdin closes
+        try:
+            proxy.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+            proxy.wait()
 
 
 def crt_get(endpoint: str, bucket: str, key: str, dest: Path) -> float:
@@ -714,6 +763,58 @@ def _median(section: str, dataset: str, prefix: str) -> float | None:
     return got[0] if got else None
 
 
+HASH_RATES: dict[str, float] = {}  # bytes per second of one core, measured by hash_rates()
+
+
+def hash_rates() -> dict[str, float]:
+    """One core's sha256 and zlib crc32 rates the way the engine hashes (best of 4 over 64 MiB): 4 MiB
+    chunks copied into one reused buffer, then hashed (``download._Transfer.advance_hash`` reads
+    the temp file in 4 MiB ``preadv`` chunks). What a client that checks every byte pays on top of
+    a native client's work (see :func:`_hash_cost`). Why not one call over 64 MiB: past the 4 MiB
+    L2 cache that read 1.1 GB/s of sha256 here, against 1.4 GB/s chunked with the copy and 1.84
+    GB/s for a buffer already in cache."""
+    import hashlib
+    import zlib
+
+    chunk = 4 * MiB
+    src = memoryview(os.urandom(64 * MiB))
+    buf = bytearray(chunk)
+
+    def run(update: Callable[[bytearray], None]) -> None:
+        for i in range(0, len(src), chunk):
+            buf[:] = src[i:i + chunk]
+            update(buf)
+
+    sha, crc = hashlib.sha256(), [0]
+    out = {}
+    for name, fn in (("sha256", sha.update), ("crc32", lambda b: crc.__setitem__(0, zlib.crc32(b, crc[0])))):
+        best = float("inf")
+        for _ in range(4):
+            t0 = time.perf_counter()
+            run(fn)
+            best = min(best, time.perf_counter() - t0)
+        out[name] = len(src) / best
+    return out
+
+
+def _hash_cost(section: str, dataset: str, native: Callable[[str], bool], hashes: tuple[str, ...]) -> str:
+    """What checking every byte costs beside the fastest ``native`` run: the hashes' core-seconds at
+    one core's measured rates, and that run's machine CPU seconds (server, kernel, client).
+
+    Why: the native clients check nothing, and here the object server shares the two cores with the
+    client, so a ratio is largely a CPU budget; this says how much of it the checks take. It is not
+    a bound (a native client may spend CPU ours does not: hf_transfer ran behind ours with more CPU).
+    """
+    rows = [r for r in RESULTS["rows"] if r["section"] == section and r["dataset"] == dataset
+            and native(r["client"]) and r.get("seconds") and r.get("machine_cpu_s")]
+    if not rows or not all(h in HASH_RATES for h in hashes):
+        return ""
+    r = min(rows, key=lambda x: x["seconds"])
+    cost = sum(r["bytes"] / HASH_RATES[h] for h in hashes)
+    return (f"; checking every byte ({' + '.join(hashes)}) costs {cost:.1f} core-s, "
+            f"{r['client']} used {r['machine_cpu_s']:.1f} s of machine CPU in {r['seconds']:.1f} s")
+
+
 def ratios() -> list[str]:
     """Per dataset and tier: ours against the native tools (the issue's targets in brackets)."""
     out = []
@@ -728,21 +829,34 @@ def ratios() -> list[str]:
             vs_b3 = f"{b3 / o:.2f}x" if b3 else "not measured"
             om, s5m = _median("s3->cluster", ds, "ours (presigned"), _median("s3->cluster", ds, "s5cmd")
             med = f" (medians of the alternated runs: {s5m / om:.2f}x)" if om and s5m else ""
+            cost = "" if d["kind"] == "small" else _hash_cost(
+                "s3->cluster", ds, lambda c: c.startswith(("s5cmd", "awscrt")), ("sha256", "crc32"))
             out.append(f"S3 {ds}: ours vs fastest native {native / o:.2f}x, vs s5cmd {s5 / o:.2f}x{med} "
-                       f"(target {target}), vs boto3 {vs_b3}")
+                       f"(target {target}{cost}), vs boto3 {vs_b3}")
+        for section in sorted({r["section"] for r in RESULTS["rows"] if r["section"].startswith("s3+")}):
+            om, s5m = _median(section, ds, "ours (presigned"), _median(section, ds, "s5cmd")
+            o, s5 = _best(section, ds, lambda c: c.startswith("ours")), _best(section, ds, lambda c: c.startswith("s5cmd"))
+            if o and s5 and om and s5m:
+                out.append(f"S3 {ds} behind {section[3:-len('->cluster')]} of latency: ours vs s5cmd {s5 / o:.2f}x "
+                           f"(medians of the alternated runs: {s5m / om:.2f}x; target >= 1 of s5cmd)")
         o = _best("hf->cluster", ds, lambda c: c.startswith("ours"))
         hft = _best("hf->cluster", ds, lambda c: c.startswith("hf_transfer"))
         snap = _best("hf->cluster", ds, lambda c: c.startswith("snapshot"))
         if o and (snap or hft):
             vs_hft = f"{hft / o:.2f}x" if hft else "not measured"
             vs_snap = f"{snap / o:.2f}x" if snap else "not measured"
-            out.append(f"HF {ds}: ours vs hf_transfer {vs_hft} (target >= 0.9), vs snapshot_download {vs_snap}")
+            cost = "" if d["kind"] == "small" else _hash_cost(
+                "hf->cluster", ds, lambda c: c.startswith("hf_transfer"), ("sha256",))
+            out.append(f"HF {ds}: ours vs hf_transfer {vs_hft} (target >= 0.9{cost}), "
+                       f"vs snapshot_download {vs_snap}")
         for label in ("team tier (sha256)", "shared tier (copy)"):
             n = _best("cluster->node", ds, lambda c, label=label: label in c)
             cp = _best("cluster->node", ds, lambda c: c == "cp -a")
             cps = _best("cluster->node", ds, lambda c: c == "cp -a && sync")
             if n and cp and cps:
                 target = "within 2x of cp -a" if d["kind"] == "small" else ">= 0.9 of cp -a"
+                if d["kind"] != "small" and "sha256" in label:
+                    target += _hash_cost("cluster->node", ds, lambda c: c == "cp -a", ("sha256",))
                 out.append(f"cluster->node {ds} {label}: vs cp -a {cp / n:.2f}x, vs cp -a && sync {cps / n:.2f}x "
                            f"(target {target})")
         h = _best("hit->ready", ds, lambda c: c.startswith("stage hit"))
@@ -820,7 +934,7 @@ def extrapolate() -> tuple[list[str], dict[str, Any]]:
 
 def write_report(out_dir: Path, args: argparse.Namespace, elapsed: float) -> None:
     RESULTS["args"] = {"datasets": [d["spec"] for d in RESULTS["datasets"]], "sections": sorted(args.sections),
-                       "gpu_mib": args.gpu_mib, "reps": args.reps}
+                       "gpu_mib": args.gpu_mib, "reps": args.reps, "latency_ms": args.latency_ms}
     RESULTS["elapsed_s"] = round(elapsed, 1)
     RESULTS["ratios"] = ratios()
     for source, runs in PIN_S.items():
@@ -837,6 +951,11 @@ def write_report(out_dir: Path, args: argparse.Namespace, elapsed: float) -> Non
              "CPU seconds are those of the reported (fastest) run: *client* = the client's process and the "
              "children it waited for; *machine* = both cores' busy time (client, object server, kernel writeback).",
              "",
+             *([f"One core hashes {HASH_RATES['sha256'] / 1e6:.0f} MB/s of sha256 and {HASH_RATES['crc32'] / 1e6:.0f} "
+                "MB/s of crc32 here: the native clients check nothing, ours hashes every byte (sha256 names the "
+                "blob, the origin's checksum is checked too); the ratios say what that costs beside the native run's "
+                "machine CPU (the object server shares these cores).", ""]
+               if HASH_RATES else []),
              "*median s*: of the runs of ours and the native S3 clients, which alternate (A B, B A, ...) "
              "so that a drift of the VM falls on both; the JSON has every run.",
              "",
@@ -880,7 +999,7 @@ def _section(name: str, ds: Dataset, fn: Callable[[], Any]) -> None:
         log(RESULTS["notes"][-1])
 
 
-def run_dataset(ds: Dataset, sections: set[str], work: Path) -> None:
+def run_dataset(ds: Dataset, sections: set[str], work: Path, latency_ms: float = 0.0) -> None:
     """One dataset through the chosen sections, then removed (see the module doc for the order)."""
     purge_grave(settle=True)
     need = 3 * ds.total + 2 * GiB
@@ -896,7 +1015,7 @@ def run_dataset(ds: Dataset, sections: set[str], work: Path) -> None:
     log(f"dataset {ds.name}: {ds.count} files, {ds.total // MiB} MiB written in {time.perf_counter() - t0:.1f} s")
     try:
         if "s3" in sections:
-            _section("s3", ds, lambda: bench_s3(ds, data / ds.name, work))
+            _section("s3", ds, lambda: bench_s3(ds, data / ds.name, work, latency_ms))
         if sections & {"hf", "node"}:
             got: list[tuple[ClusterCache, Any]] = []
             with hub_server(data) as info:
@@ -925,6 +1044,9 @@ def main() -> int:
     ap.add_argument("--no-slurm", action="store_true", help="skip the dev-cluster GPU-held section (= no gpu)")
     ap.add_argument("--gpu-mib", type=int, default=200, help="model size for the GPU-held section")
     ap.add_argument("--gpu-node", default="n1", help="node the GPU-held jobs run on (the hit needs one node)")
+    ap.add_argument("--latency-ms", type=float, default=20.0,
+                    help="the s3 section also runs small-file datasets behind a proxy that delays every answer "
+                         "this long (bench/_latency_proxy.py); 0: loopback only")
     ap.add_argument("--reps", type=int, default=2, help="best of N for each measurement")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = ap.parse_args()
@@ -945,6 +1067,8 @@ def main() -> int:
         datasets = [parse_dataset(s) for s in DEFAULT]
     global REPS
     REPS = args.reps
+    HASH_RATES.update(hash_rates())
+    RESULTS["machine"]["hash_MB_per_s"] = {k: round(v / 1e6) for k, v in HASH_RATES.items()}
     t0 = time.perf_counter()
     with workdir() as work:
         for ds in datasets:
@@ -952,7 +1076,7 @@ def main() -> int:
                                         "spec": f"{ds.kind}:" + (str(ds.size // MiB) if ds.kind == "big" else
                                                                  f"{ds.count}x{ds.size // (MiB if ds.kind == 'medium' else KiB)}")})
             if args.sections & {"s3", "hf", "node"}:
-                run_dataset(ds, args.sections, work)
+                run_dataset(ds, args.sections, work, args.latency_ms)
         if "gpu" in args.sections:
             bench_gpu(work, args.gpu_mib, args.gpu_node)
     write_report(args.out, args, time.perf_counter() - t0)
