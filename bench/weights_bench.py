@@ -811,8 +811,8 @@ def _hash_cost(section: str, dataset: str, native: Callable[[str], bool], hashes
         return ""
     r = min(rows, key=lambda x: x["seconds"])
     cost = sum(r["bytes"] / HASH_RATES[h] for h in hashes)
-    return (f"; checking every byte ({' + '.join(hashes)}) costs {cost:.1f} core-s, "
-            f"{r['client']} used {r['machine_cpu_s']:.1f} s of machine CPU in {r['seconds']:.1f} s")
+    return (f"; checking every byte ({' + '.join(hashes)}) costs {cost:.2f} core-s, "
+            f"{r['client']} used {r['machine_cpu_s']:.2f} s of machine CPU in {r['seconds']:.2f} s")
 
 
 def ratios() -> list[str]:
