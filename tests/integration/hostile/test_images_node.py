@@ -13,6 +13,7 @@ leave the nodes up and nothing behind:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -44,6 +45,14 @@ JOB = """
         runtime=definitions.Runtime(start_commands=["echo SHOULD-NOT-RUN"]),
     ))
 """
+WARM_JOB = """
+    from truss_train import definitions
+    project = definitions.TrainingProject(name="image-warm-{user}", job=definitions.TrainingJob(
+        image=definitions.Image(base_image="python:3.11-slim"),
+        compute=definitions.Compute(node_count=1, cpu_count=1, memory="256Mi"),
+        runtime=definitions.Runtime(start_commands=["echo warm"]),
+    ))
+"""
 RESOLVED = "127.0.0.1:5443/library/forged"
 
 
@@ -58,16 +67,40 @@ def ch_site() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _submit_held(user: str, site: Path) -> tuple[str, Path]:
+@pytest.fixture(scope="module")
+def btu1_image_cached(tenants: dict[str, object], ch_site: Path) -> None:
+    """python:3.11-slim complete in btteam1's tier, so bt-sbatch finds it cached at submit.
+
+    Why a job of its own: on a fresh cluster nothing before this module mirrors that image for btteam1
+    (a run on a machine whose cache an earlier run had filled hid it); one real job does, through
+    its staging job, as a user's first job would.
+    """
+    config = write_job("btu1", WARM_JOB.format(user="btu1"))
+    proc = as_user("btu1", ["env", f"SLURM_BT_SITE_CONFIG={ch_site}", str(BIN / "bt-sbatch"), "--parsable",
+                            str(config)], cwd=config.parent)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().splitlines()[-1].split(";")[0]
+    record, logs = wait("btu1", job_id, timeout_s=300)
+    assert record["current_status"] == "TRAINING_JOB_COMPLETED", (record, logs)
+    aftermath(job_id, "btu1")
+
+
+@contextlib.contextmanager
+def _submit_held(user: str, site: Path) -> Iterator[tuple[str, Path]]:
+    """Submit ``JOB`` held; (job id, work dir). The job is cancelled on the way out whatever happened:
+    a held job left behind by a failed assertion would keep ``user`` busy for every later test."""
     config = write_job(user, JOB.format(user=user))
     proc = as_user(user, ["env", f"SLURM_BT_SITE_CONFIG={site}", str(BIN / "bt-sbatch"), "--parsable", str(config),
                           "--", "--hold"], cwd=config.parent)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().splitlines()[-1].split(";")[0]
-    show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
-    work = re.search(r"WorkDir=(\S+)", show)
-    assert work, show
-    return job_id, Path(work.group(1))
+    try:
+        show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+        work = re.search(r"WorkDir=(\S+)", show)
+        assert work, show
+        yield job_id, Path(work.group(1))
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, check=False)
 
 
 def _published_entry(team: str, sqfs: bytes) -> Manifest:
@@ -116,9 +149,9 @@ SWAPS = {
 
 
 @pytest.mark.parametrize("name", sorted(SWAPS))
-def test_swapped_image_manifest_fails_only_that_job(tenants: dict[str, object], ch_site: Path, name: str) -> None:
-    with attack(f"image manifest -> {name}"):
-        job_id, work = _submit_held("btu1", ch_site)
+def test_swapped_image_manifest_fails_only_that_job(tenants: dict[str, object], ch_site: Path,
+                                                    btu1_image_cached: None, name: str) -> None:
+    with attack(f"image manifest -> {name}"), _submit_held("btu1", ch_site) as (job_id, work):
         assert (work / "image" / "manifest.json").is_file(), "the image is cached: bt-sbatch wrote the manifest"
         as_user("btu1", ["python3", "-c", SWAPS[name]], cwd=work).check_returncode()
         logs = _release_and_fail("btu1", job_id, refused_by_prolog=True)
@@ -128,9 +161,9 @@ def test_swapped_image_manifest_fails_only_that_job(tenants: dict[str, object], 
 def test_another_teams_image_entry_is_refused(tenants: dict[str, object], ch_site: Path) -> None:
     with attack("image pinned to another team's entry"):
         m = _published_entry("btteam1", os.urandom(64 << 10))
-        job_id, work = _submit_held("btu2", ch_site)
-        _forge("btu2", work, m)
-        logs = _release_and_fail("btu2", job_id, refused_by_prolog=True)
+        with _submit_held("btu2", ch_site) as (job_id, work):
+            _forge("btu2", work, m)
+            logs = _release_and_fail("btu2", job_id, refused_by_prolog=True)
         assert "not complete in the cluster cache of team 'btteam2'" in logs, logs
 
 
@@ -145,7 +178,7 @@ def test_teammate_swapped_squashfs_is_never_run(tenants: dict[str, object], ch_s
         for blob in blobs:  # the publisher owns the blob: same size, other bytes
             os.chmod(blob, 0o644)
             blob.write_bytes(os.urandom(len(sqfs)))
-        job_id, work = _submit_held("btu1", ch_site)
-        _forge("btu1", work, m)
-        logs = _release_and_fail("btu1", job_id, refused_by_prolog=False)
+        with _submit_held("btu1", ch_site) as (job_id, work):
+            _forge("btu1", work, m)
+            logs = _release_and_fail("btu1", job_id, refused_by_prolog=False)
         assert "content mismatch: expected sha256" in logs, logs
