@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.hostile.harness import cancel_on_error
 from tests.unit.test_hooks_env import ensure_test_users
 
 pytestmark = pytest.mark.slurm
@@ -131,7 +132,7 @@ def test_prolog_user_error_fails_job_and_keeps_nodes_up(users: dict[str, object]
     sub = _as("btu1", [str(BIN / "bt-sbatch"), "--parsable", str(config), "--", "--hold"], cwd=config.parent)
     assert sub.returncode == 0, sub.stderr
     job_id = sub.stdout.strip()
-    try:  # a held job left by a failed assertion would keep btu1 busy for every later test
+    with cancel_on_error(job_id):
         show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
         work = re.search(r"WorkDir=(\S+)", show)
         assert work, show
@@ -140,9 +141,6 @@ def test_prolog_user_error_fails_job_and_keeps_nodes_up(users: dict[str, object]
                   "open(p,'w').write(json.dumps(d))")
         _as("btu1", ["python3", "-c", tamper, str(spec)]).check_returncode()
         subprocess.run(["scontrol", "release", job_id], check=True, capture_output=True)
-    except BaseException:
-        subprocess.run(["scancel", job_id], capture_output=True, check=False)
-        raise
     state, logs = _wait("btu1", job_id)
     assert state["current_status"] == "TRAINING_JOB_FAILED", logs
     assert "the slurm-bt prolog refused this job on node" in logs and "written for 'root'" in logs, logs

@@ -57,6 +57,17 @@ def attack(name: str) -> Iterator[None]:
     tally.contained.append(name)
 
 
+@contextlib.contextmanager
+def cancel_on_error(job_id: str) -> Iterator[None]:
+    """Cancel ``job_id`` if the block fails: a held job left behind by a failed assertion would keep
+    its user busy for every later test (a leftover test then waits for the user to have no job)."""
+    try:
+        yield
+    except BaseException:
+        subprocess.run(["scancel", job_id], capture_output=True, check=False)
+        raise
+
+
 def cluster() -> dict[str, Any]:
     """The dev cluster's facts (``devcluster.py`` writes them)."""
     info = json.loads((STATE / "cluster.json").read_text())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.hostile.harness import aftermath, as_user, attack, submit, wait, write_job
+from tests.integration.hostile.harness import aftermath, as_user, attack, cancel_on_error, submit, wait, write_job
 
 pytestmark = pytest.mark.slurm
 
@@ -45,16 +45,13 @@ def test_swapped_job_json_fails_only_that_job(tenants: dict[str, object], name: 
     with attack(f"prolog input: {name}"):
         config = write_job("btu1", JOB)
         job_id = submit("btu1", config, "--hold")
-        try:  # a held job left by a failed assertion would keep btu1 busy for every later test
+        with cancel_on_error(job_id):
             show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
             work = re.search(r"WorkDir=(\S+)", show)
             assert work, show
             as_user("btu1", ["python3", "-c", SWAPS[name]], cwd=Path(work.group(1))).check_returncode()
             t0 = time.monotonic()
             subprocess.run(["scontrol", "release", job_id], check=True, capture_output=True)
-        except BaseException:
-            subprocess.run(["scancel", job_id], capture_output=True, check=False)
-            raise
         record, logs = wait("btu1", job_id)
         assert record["current_status"] == "TRAINING_JOB_FAILED", logs
         assert "the slurm-bt prolog refused this job on node" in logs, logs
