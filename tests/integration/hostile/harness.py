@@ -92,9 +92,12 @@ def write_job(user: str, config_body: str, files: dict[str, str] | None = None) 
     return work / "config.py"
 
 
-def submit(user: str, config: Path, *sbatch_args: str) -> str:
-    """``bt-sbatch --parsable config`` as ``user``; returns the training job's id."""
+def submit(user: str, config: Path, *sbatch_args: str, site: Path | None = None) -> str:
+    """``bt-sbatch --parsable config`` as ``user`` (with ``site`` as the site file when given);
+    returns the training job's id."""
     argv = [str(BIN / "bt-sbatch"), "--parsable", str(config)]
+    if site is not None:
+        argv = ["env", f"SLURM_BT_SITE_CONFIG={site}", *argv]
     if sbatch_args:
         argv += ["--", *sbatch_args]
     proc = as_user(user, argv, cwd=config.parent)

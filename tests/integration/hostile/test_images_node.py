@@ -32,7 +32,7 @@ from slurm_bt.site.settings import SiteSettings, expand_path
 from slurm_bt.weights.cluster_cache import ClusterCache
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import team_slug
-from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cancel_on_error, wait, write_job
+from tests.integration.hostile.harness import aftermath, as_user, attack, cancel_on_error, submit, wait, write_job
 from tests.unit.test_cache_support import DirFetcher, allow
 
 pytestmark = pytest.mark.slurm
@@ -75,24 +75,16 @@ def btu1_image_cached(tenants: dict[str, object], ch_site: Path) -> None:
     (a run on a machine whose cache an earlier run had filled hid it); one real job does, through
     its staging job, as a user's first job would.
     """
-    job_id = _sbatch("btu1", ch_site, write_job("btu1", WARM_JOB.format(user="btu1")))
+    job_id = submit("btu1", write_job("btu1", WARM_JOB.format(user="btu1")), site=ch_site)
     record, logs = wait("btu1", job_id, timeout_s=300)
     assert record["current_status"] == "TRAINING_JOB_COMPLETED", (record, logs)
     aftermath(job_id, "btu1")
 
 
-def _sbatch(user: str, site: Path, config: Path, *sbatch_args: str) -> str:
-    """``bt-sbatch --parsable`` as ``user`` with the charliecloud site file; the training job's id."""
-    argv = ["env", f"SLURM_BT_SITE_CONFIG={site}", str(BIN / "bt-sbatch"), "--parsable", str(config)]
-    proc = as_user(user, argv + (["--", *sbatch_args] if sbatch_args else []), cwd=config.parent)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip().splitlines()[-1].split(";")[0]
-
-
 @contextlib.contextmanager
 def _submit_held(user: str, site: Path) -> Iterator[tuple[str, Path]]:
     """Submit ``JOB`` held; (job id, work dir), the job cancelled if the block fails (cancel_on_error)."""
-    job_id = _sbatch(user, site, write_job(user, JOB.format(user=user)), "--hold")
+    job_id = submit(user, write_job(user, JOB.format(user=user)), "--hold", site=site)
     with cancel_on_error(job_id):
         show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
         work = re.search(r"WorkDir=(\S+)", show)
