@@ -7,6 +7,10 @@ installed release (`slurmctld -V`) and writes what that release needs (see devcl
     devcluster.py up       install packages if missing, write configs, start daemons, verify (idempotent)
     devcluster.py down     stop exactly the daemons whose PID files we own (SIGTERM, then SIGKILL)
     devcluster.py status   print each daemon with PID and alive/dead; exit 0 if all are up
+    devcluster.py image build NAME [--pip PKG]... [--from DIR]
+                           build an image from this host's python3 (+ pip packages, + a tree laid over
+                           its root) and serve it in the dev registry under NAME (Docker Hub's names)
+    devcluster.py image list   every image:tag the dev registry serves
 
 Standalone, stdlib only, run as root with /usr/bin/python3.  No systemd needed: daemons are started directly.
 State directory: $BT_DEVCLUSTER_DIR or /var/lib/slurm-bt-dev.  See devcluster/README.md.
@@ -88,6 +92,10 @@ class Failure(Exception):
 
 
 # --------------------------------------------------------------------------------------------- daemons
+
+
+class UsageError(Failure):
+    """Bad input on the command line (exit 2)."""
 
 
 class Daemon:
@@ -851,7 +859,16 @@ def use_mariadb_socket(sock: Path) -> None:
 
 REGISTRY_DIR = STATE / "registry"
 REGISTRY_PORTS = {"public": 5443, "private": 5444}
+# The quick start's image: without it the site file falls back to container_runtime = "none".
 EXAMPLE_IMAGES = [("library/python", "3.11-slim")]
+# The image examples/multinode_gpu and the README's "Using it" config name, as a CPU stand-in (like the
+# placeholder GPUs): the base image plus torch's CPU wheel for the host's python (pip resolves it from the
+# machine's index; `torch==2.13.0` is the CPU build these machines carry) and numpy. torchrun, DDP with
+# gloo and torch.save work in it; CUDA does not. Built once (cached under /var/tmp/slurm-bt-oci, about a
+# minute) and pushed by `up`. BT_DEVCLUSTER_TORCH_IMAGE=0 skips it (devcluster/releases.py does: the
+# release roots' python has no such wheel and their tests do not run the examples).
+TORCH_IMAGE = ("pytorch/pytorch", "2.7.0-cuda12.8-cudnn9-runtime")
+TORCH_PACKAGES = ["torch==2.13.0", "numpy"]
 
 
 def _registry_daemon(kind: str) -> Daemon:
@@ -912,6 +929,97 @@ def _ensure_registry() -> None:
             continue
         digest = oci.push(oci.base_layout(), "base", public, repo, tag)
         step(f"registry: pushed {repo}:{tag} ({digest}) built from this host's files")
+    if os.environ.get("BT_DEVCLUSTER_TORCH_IMAGE", "1") != "0" and not oci.has_tag(public, *TORCH_IMAGE):
+        step(f"registry: building {TORCH_IMAGE[0]}:{TORCH_IMAGE[1]} "
+             f"(python3 + {' '.join(TORCH_PACKAGES)}; about a minute, once)")
+        layout = oci.python_image(TORCH_PACKAGES)
+        digest = oci.push(layout, "image", public, *TORCH_IMAGE)
+        step(f"registry: pushed {TORCH_IMAGE[0]}:{TORCH_IMAGE[1]} ({digest}): a CPU stand-in for the GPU image")
+
+
+_NAME_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_NAME = re.compile(rf"^(?P<repo>{_NAME_PART}(?:/{_NAME_PART})*)"
+                         r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?$")
+
+
+def dev_registry_repo(name: str) -> tuple[str, str]:
+    """(repository, tag) under which the dev registry serves ``name`` as a config writes it.
+
+    The dev registry is the site's mirror for Docker Hub, so names follow Docker Hub's rules:
+    ``python:3.11-slim`` is ``library/python:3.11-slim``, a missing tag is ``latest``, and a
+    ``docker.io/`` prefix is dropped. A name on another registry is refused: jobs pull only Docker Hub
+    names through this mirror (docs/containers.md §6)."""
+    ref = name.strip()
+    first, _, rest = ref.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        if first not in ("docker.io", "index.docker.io", "registry-1.docker.io"):
+            raise UsageError(f"image {name!r}: the dev registry mirrors Docker Hub only; name the image as on "
+                             "Docker Hub (e.g. myteam/trainer:v1)")
+        ref = rest
+    m = _IMAGE_NAME.match(ref)
+    if m is None:
+        raise UsageError(f"image {name!r} is not an image name (lowercase path components, optional :tag)")
+    repo = m.group("repo")
+    return (repo if "/" in repo else f"library/{repo}"), (m.group("tag") or "latest")
+
+
+def cmd_image(args: list[str]) -> int:
+    """``image build NAME [--pip PKG]... [--from DIR]`` and ``image list`` (devcluster/README.md)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="devcluster.py image", description="images the dev registry serves")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    build = sub.add_parser("build", help="build an image from this host's python3 (+ pip packages, + a tree) "
+                                         "and serve it under NAME")
+    build.add_argument("name", help="the name configs use, as on Docker Hub (python:3.11-slim, myteam/trainer:v1)")
+    build.add_argument("--pip", action="append", default=[], metavar="PKG",
+                       help="a pip requirement installed for the image's python3 (repeatable)")
+    build.add_argument("--from", dest="from_dir", type=Path, metavar="DIR",
+                       help="a directory laid over the image's root (DIR/opt/x becomes /opt/x)")
+    sub.add_parser("list", help="every image and tag the dev registry serves")
+    opts = parser.parse_args(args)
+    if opts.verb == "build":  # the input first: a bad name is exit 2 wherever the registry is
+        repo, tag = dev_registry_repo(opts.name)
+        if opts.from_dir is not None and not opts.from_dir.is_dir():
+            raise UsageError(f"image build: --from {opts.from_dir}: not a directory")
+    public = _public_registry()
+    if REGISTRIES["public"].pid() is None:
+        raise Failure("the dev registry is not running: run `devcluster.py up` first")
+    if opts.verb == "list":
+        for repo, tags in _registry_catalog(public):
+            shown = repo.removeprefix("library/")
+            for tag in tags:
+                print(f"{shown}:{tag}\t{public.host}/{repo}:{tag}")
+        return 0
+    if os.geteuid() != 0:
+        raise Failure("image build: run as root (the build cache under /var/tmp/slurm-bt-oci is root's)")
+    oci = _oci_image()
+    step(f"image: building {opts.name} from this host's python3" + (f" + {' '.join(opts.pip)}" if opts.pip else "")
+         + (f" + {opts.from_dir}/" if opts.from_dir else ""))
+    try:
+        layout = oci.python_image(list(opts.pip), opts.from_dir)
+        digest = oci.push(layout, "image", public, repo, tag)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        raise Failure(f"image build {opts.name}: {e}") from e
+    step(f"image: {public.host}/{repo}:{tag} ({digest}); configs use Image(base_image={opts.name!r})")
+    return 0
+
+
+def _registry_catalog(registry) -> list[tuple[str, list[str]]]:
+    """(repository, tags) the registry serves, from its /v2/_catalog and tags/list APIs."""
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context(cafile=str(registry.ca))
+
+    def get(path: str) -> dict:
+        with urllib.request.urlopen(f"https://{registry.host}{path}", context=ctx, timeout=20) as r:
+            return json.loads(r.read())
+
+    out = []
+    for repo in sorted(get("/v2/_catalog?n=1000").get("repositories") or []):
+        out.append((repo, sorted(get(f"/v2/{repo}/tags/list").get("tags") or [])))
+    return out
 
 
 def stop_registries() -> None:
@@ -1053,6 +1161,12 @@ def cmd_status() -> int:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[1] == "image":
+        try:
+            return cmd_image(argv[2:])
+        except Failure as e:
+            print(f"ERROR: {e}", file=sys.stderr)
+            return 2 if isinstance(e, UsageError) else 1
     if len(argv) != 2 or argv[1] not in ("up", "down", "status"):
         print(__doc__.strip(), file=sys.stderr)
         return 2

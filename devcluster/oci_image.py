@@ -223,6 +223,104 @@ def derive(base: Path, dest: Path, tag: str, files: dict[str, bytes], *, remove:
     return dest
 
 
+def _pip_venv(cache_root: Path) -> Path:
+    """A venv of /usr/bin/python3 (the image's interpreter) whose pip installs the image's packages.
+
+    The image runs the host's /usr/bin/python3, so wheels must match its version and ABI: pip of a venv
+    made from that very interpreter picks them (and honours the machine's pip configuration: its index,
+    find-links and constraints)."""
+    venv = cache_root / f"pip-venv-{_host_python()}"
+    if not (venv / "bin" / "python").exists():
+        tmp = Path(tempfile.mkdtemp(prefix=".venv-", dir=cache_root))
+        try:
+            _run(["/usr/bin/python3", "-m", "venv", str(tmp / "v")], timeout=300)
+            try:
+                os.rename(tmp / "v", venv)
+            except OSError:  # another builder made it first
+                pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return venv
+
+
+def _install_pip_packages(rootfs: Path, packages: list[str], cache_root: Path) -> None:
+    """``pip install --target`` into the image's site directory, then make it runnable inside the image:
+    console scripts point at /usr/bin/python3, and every shared library the packages' extensions load
+    from the host (libstdc++, libgomp, ...) is copied in (the base image holds only python's closure)."""
+    site = rootfs / "usr/local/lib" / _host_python() / "dist-packages"  # on Debian's python3 sys.path
+    site.mkdir(parents=True, exist_ok=True)
+    venv = _pip_venv(cache_root)
+    _run([str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+          "--no-warn-script-location", "--target", str(site), *packages], timeout=1800)
+    scripts = site / "bin"
+    if scripts.is_dir():
+        dest = rootfs / "usr/local/bin"
+        dest.mkdir(parents=True, exist_ok=True)
+        for script in scripts.iterdir():
+            data = script.read_bytes()
+            if data.startswith(b"#!"):  # pip wrote the builder venv's interpreter: the image has its own
+                data = b"#!/usr/bin/python3" + data[data.index(b"\n"):]
+            (dest / script.name).write_bytes(data)
+            os.chmod(dest / script.name, 0o755)  # noqa: S103 - a command every image user runs
+        shutil.rmtree(scripts)
+    extensions = [str(p) for p in site.rglob("*.so*") if p.is_file() and not p.is_symlink()]
+    for lib in _ldd_closure(extensions):
+        if not lib.startswith(str(rootfs)) and not (rootfs / lib.lstrip("/")).exists():
+            _copy_host_file(lib, rootfs)
+
+
+def _copy_tree(src: Path, rootfs: Path) -> None:
+    """``src``'s tree laid over the image root (``--from DIR``: DIR/etc/x becomes /etc/x)."""
+    shutil.copytree(src, rootfs, symlinks=True, dirs_exist_ok=True)
+
+
+def _tree_digest(src: Path | None) -> str:
+    h = hashlib.sha256()
+    if src is None:
+        return "-"
+    for dirpath, dirnames, filenames in sorted(os.walk(src)):
+        dirnames.sort()
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            h.update(str(p.relative_to(src)).encode() + b"\0")
+            h.update(os.readlink(p).encode() if p.is_symlink() else p.read_bytes())
+    return h.hexdigest()
+
+
+def python_image(packages: list[str], from_dir: Path | None = None, cache_root: Path = CACHE_ROOT) -> Path:
+    """The cached OCI layout whose tag ``image`` is the base image plus one layer holding ``packages``
+    (pip requirement strings, installed for the image's python) and ``from_dir``'s tree.
+
+    Keyed by the base, the package list and the tree's bytes; built under a temp name and renamed, so a
+    killed build is never used and a second call is a lookup."""
+    base = base_layout(cache_root)
+    key = hashlib.sha256(f"{base.name}|{sorted(packages)}|{_tree_digest(from_dir)}|v1".encode()).hexdigest()[:16]
+    final = cache_root / f"image-{key}"
+    if (final / "index.json").is_file():
+        return final
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_root))
+    try:
+        layout = tmp / "layout"
+        shutil.copytree(base, layout, symlinks=True)
+
+        def fill(rootfs: Path) -> None:
+            if packages:
+                _install_pip_packages(rootfs, packages, cache_root)
+            if from_dir is not None:
+                _copy_tree(from_dir, rootfs)
+
+        _umoci_add_layer(layout, "base", "image", fill)
+        _run(["umoci", "gc", "--layout", str(layout)])
+        os.chmod(layout, 0o755)  # noqa: S103 - as in base_layout
+        try:
+            os.rename(layout, final)
+        except OSError:
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
 def add_tag(layout: Path, base_tag: str, tag: str, files: dict[str, bytes]) -> None:
     """Another image in ``layout``: ``base_tag`` plus one layer with ``files``, tagged ``tag``."""
     def fill(rootfs: Path) -> None:

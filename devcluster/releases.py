@@ -296,7 +296,8 @@ def test(suite: str, pytest_args: list[str], allow_known_gaps: bool = False,
     # stopped by its timeout gets no such end, so jobs found right after `up` (no test has submitted
     # any yet) are a stopped run's leftovers and are cancelled too.
     script = f"""set -u
-/usr/bin/python3 {dc} up || exit 90
+# No torch image in a release root: its python has no CPU wheel here, and these tests run no example.
+BT_DEVCLUSTER_TORCH_IMAGE=0 /usr/bin/python3 {dc} up || exit 90
 stale=$(squeue -h -o %A)
 if [ -n "$stale" ]; then
   echo "releases: cancelling jobs left by an earlier run: $(echo $stale)"
