@@ -7,17 +7,20 @@ written as ``job.json`` into the job's directory and read back on every node *as
 holds secret *names* only, never values.
 
 :func:`build_job_spec` is pure: no I/O, no clock, no environment. Everything it needs comes in through
-:class:`SubmitContext`.
+:class:`SubmitContext`. :func:`read_job_spec` is the one reader of a ``job.json`` on the nodes and
+after the job (the file is the user's: it is read as a file the job controls, bounded).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from slurm_bt.errors import ConfigError, Problem
+from slurm_bt.posix.user_files import read_user_file
 from slurm_bt.site.settings import RestartSettings, SiteSettings
 from slurm_bt.slurm.node_shapes import GpuShare, NodeSizes, gpu_share
 
@@ -25,6 +28,7 @@ if TYPE_CHECKING:  # the compat models are only needed for typing here
     from slurm_bt.compat.definitions import TrainingProject
 
 __all__ = [
+    "JOB_SPEC_MAX_BYTES",
     "SPEC_VERSION",
     "CacheSpec",
     "CheckpointSpec",
@@ -36,11 +40,14 @@ __all__ = [
     "SubmitContext",
     "WeightsSpec",
     "build_job_spec",
+    "read_job_spec",
     "slugify",
     "wants_node_sizes",
 ]
 
 SPEC_VERSION = 1
+JOB_SPEC_MAX_BYTES = 64 * 1024 * 1024
+"""The largest ``job.json`` any reader accepts: the hooks' ``job_json_max_bytes`` cannot exceed it."""
 _CONTAINER_UNSAFE = re.compile(r"[,:\s]")
 # Names bash refuses to assign (export would abort the job under `set -e`).
 _BASH_READONLY = frozenset({"BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID"})
@@ -225,6 +232,21 @@ class JobSpec(_Frozen):
         if self.docker_auth:
             names.update(name for _, name in self.docker_auth.secrets)
         return sorted(names)
+
+
+def read_job_spec(path: str | os.PathLike[str]) -> JobSpec:
+    """A job's ``job.json``, read as a file the job controls (:mod:`slurm_bt.posix.user_files`: no FIFO,
+    device, user symlink or file over :data:`JOB_SPEC_MAX_BYTES` is ever read).
+
+    Why here, below the features: every reader on the compute side (step 1, the staging job, the
+    checkpoint agent, the restart helper, the epilog's flush) must refuse the same swapped files the
+    same way, and the weights staging job may not import the checkpoints feature.
+
+    Raises:
+        OSError: it cannot be read or is refused (:class:`~slurm_bt.posix.user_files.UnsafeFile`).
+        ValueError: it is not a valid job spec.
+    """
+    return JobSpec.model_validate_json(read_user_file(path, JOB_SPEC_MAX_BYTES))
 
 
 def slugify(name: str, *, default: str, max_len: int = 63) -> str:

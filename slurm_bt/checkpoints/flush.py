@@ -36,7 +36,7 @@ from slurm_bt.checkpoints.scan import CompletionTracker
 from slurm_bt.checkpoints.store import credentials_for, open_store, team_gid
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader
 from slurm_bt.errors import BtError, DeadlineExceeded, StorageError
-from slurm_bt.job_spec import JobSpec
+from slurm_bt.job_spec import JOB_SPEC_MAX_BYTES, JobSpec, read_job_spec
 from slurm_bt.posix.user_files import read_user_file
 from slurm_bt.site.settings import SiteSettings, expand_path, load_site_settings
 from slurm_bt.trusted_files import check_own_dir
@@ -79,8 +79,8 @@ def write_state(checkpoint_dir: Path, *, spec_path: str, job_id: str, rank: int,
 
 
 STATE_MAX_BYTES = 65536
-SPEC_MAX_BYTES = 64 * 1024 * 1024
-"""The largest ``job.json`` read after the job (the hooks' ``job_json_max_bytes`` cannot exceed it)."""
+SPEC_MAX_BYTES = JOB_SPEC_MAX_BYTES
+"""The largest ``job.json`` read after the job (:data:`slurm_bt.job_spec.JOB_SPEC_MAX_BYTES`)."""
 
 
 def read_state(checkpoint_dir: Path) -> dict[str, Any] | None:
@@ -93,14 +93,13 @@ def read_state(checkpoint_dir: Path) -> dict[str, Any] | None:
 
 
 def read_spec(path: str | Path) -> JobSpec:
-    """A job's ``job.json``, read as a file the job controls (:mod:`slurm_bt.posix.user_files`: no FIFO, device,
-    user symlink or oversized file is ever read).
+    """A job's ``job.json``: :func:`slurm_bt.job_spec.read_job_spec` (the one bounded reader).
 
     Raises:
         OSError: it cannot be read or is refused (:class:`~slurm_bt.posix.user_files.UnsafeFile`).
         ValueError: it is not a valid job spec.
     """
-    return JobSpec.model_validate_json(read_user_file(path, SPEC_MAX_BYTES))
+    return read_job_spec(path)
 
 
 def build_uploader(spec: JobSpec, *, job_id: str, rank: int, checkpoint_dir: Path, account: str | None = None,

@@ -29,8 +29,6 @@ from slurm_bt.errors import Problem, RuntimeFailure, UserError
 
 __all__ = ["isession_command", "ssh_command"]
 
-_SPEC_MAX_BYTES = 64 * 1024 * 1024  # as slurm_bt/checkpoints/flush.py's SPEC_MAX_BYTES
-
 
 def _pick_node(nodes: list[str], node: str | None) -> tuple[str, int]:
     """``--node``: a rank (0 = leader) or one of the job's node names; default the leader."""
@@ -56,8 +54,7 @@ def attach_local(job_id: str, node: str | None, command: str | None) -> int:
         RuntimeFailure: the job is not running, or its ``job.json`` cannot be read.
         SlurmCommandError: squeue/scontrol/srun failed.
     """
-    from slurm_bt.job_spec import JobSpec
-    from slurm_bt.posix.user_files import read_user_file
+    from slurm_bt.job_spec import read_job_spec
     from slurm_bt.render.session import session_command
     from slurm_bt.slurm.srun import attach_env, build_attach_argv, run_attached
 
@@ -66,7 +63,7 @@ def attach_local(job_id: str, node: str | None, command: str | None) -> int:
         raise UserError(job_id, [Problem("job", f"no submission record for job {job_id} in your workspace: "
                                                 "you can open a session only in your own slurm-bt jobs")])
     try:
-        spec = JobSpec.model_validate_json(read_user_file(f"{record.job_dir}/job.json", _SPEC_MAX_BYTES))
+        spec = read_job_spec(f"{record.job_dir}/job.json")
     except (OSError, ValueError) as exc:
         raise RuntimeFailure(f"job {job_id}: cannot read {record.job_dir}/job.json: {exc}") from exc
     client = options.make_client()

@@ -42,7 +42,9 @@ class ImagePlan(BaseModel):
     The staging job runs with ``--export=NONE`` and may read another site file than the submitter
     did, so the submit-time decisions travel here (as weights' plan.json does): the team tier and the
     cluster-cache base to publish into, and the ``[containers]`` settings (CA bundle, size cap).
-    Written by the user into their own job directory: authoritative for their staging job only.
+    Written by the user into their own job directory: authoritative for their staging job only, except
+    for limits that protect shared storage (``max_image_bytes``), which the staging job caps by the
+    admin's site file (:func:`slurm_bt.images.stage.staging_containers`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

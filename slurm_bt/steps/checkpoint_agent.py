@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from slurm_bt.checkpoints.flush import build_uploader, prolog_team, read_spec, write_state
+from slurm_bt.checkpoints.flush import build_uploader, prolog_team, write_state
 from slurm_bt.checkpoints.locations import host_checkpoint_dir, is_shared_fs
 from slurm_bt.checkpoints.retention import RetentionPolicy
 from slurm_bt.errors import BtError, DeadlineExceeded
-from slurm_bt.job_spec import JobSpec
+from slurm_bt.job_spec import JobSpec, read_job_spec
 
 __all__ = ["finish_path", "main"]
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     env = os.environ
     try:
-        spec = read_spec(Path(args[0]))
+        spec = read_job_spec(Path(args[0]))
         job_id, node = env["SLURM_JOB_ID"], env.get("SLURMD_NODENAME")
         rank = int(env.get("SLURM_NODEID", "0"))
         host = host_checkpoint_dir(spec, job_id, node)

@@ -26,9 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_bt.atomic import make_private_dir, write_file_atomic
-from slurm_bt.checkpoints.flush import read_spec
 from slurm_bt.errors import BtError, PrologRefusedError, StorageError
-from slurm_bt.job_spec import JobSpec
+from slurm_bt.job_spec import JobSpec, read_job_spec
 from slurm_bt.node.job_paths import job_layout
 from slurm_bt.posix.job_notes import read_hook_state
 from slurm_bt.secrets_store import SecretStore
@@ -122,7 +121,7 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str
     job_id = environ["SLURM_JOB_ID"]
     node = environ.get("SLURMD_NODENAME")
     team = _team_from_prolog(node, job_id, state_root)
-    spec = read_spec(spec_path)
+    spec = read_job_spec(spec_path)
     layout = job_layout(spec, job_id=job_id, node=node, account=environ.get("SLURM_JOB_ACCOUNT"), team=team)
     cache_root = expand_path(spec.storage["cache"], user=spec.context.user, uid=spec.context.uid,
                              home=spec.context.home, node=node) + "/"

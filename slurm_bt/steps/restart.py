@@ -37,9 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_bt.checkpoints.flush import read_spec
 from slurm_bt.errors import BtError
-from slurm_bt.job_spec import JobSpec
+from slurm_bt.job_spec import JobSpec, read_job_spec
 from slurm_bt.jobs.restarts import RestartEntry, append_entry, decide, read_log
 from slurm_bt.slurm.client import SlurmClient
 from slurm_bt.slurm.jobctl import job_facts, requeue_job, set_requeueable, signal_steps
@@ -58,7 +57,7 @@ def _log(message: str) -> None:
 
 
 def _spec(path: str) -> JobSpec:
-    return read_spec(Path(path))
+    return read_job_spec(Path(path))
 
 
 def _restart_count() -> int:

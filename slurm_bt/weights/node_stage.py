@@ -798,8 +798,11 @@ def _writer_alive(rec: Mapping[str, Any]) -> bool:
 
 
 def _plan_bwrap(job_dir: str) -> str:
-    with contextlib.suppress(OSError, ValueError):
-        data = json.loads((Path(job_dir) / "weights" / "plan.json").read_text())
+    from slurm_bt.posix.user_files import read_user_file
+    from slurm_bt.weights.plan import PLAN_MAX_BYTES, PLAN_NAME
+
+    with contextlib.suppress(OSError, ValueError):  # a swapped plan.json is refused, never read unbounded
+        data = json.loads(read_user_file(Path(job_dir) / "weights" / PLAN_NAME, PLAN_MAX_BYTES))
         value = data.get("bwrap")
         if isinstance(value, str) and value.startswith("/"):
             return value

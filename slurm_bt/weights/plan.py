@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import Problem, SourceAccessError, SourceError, SourceNotFoundError, SourceSpecError
+from slurm_bt.posix.user_files import read_user_file
 from slurm_bt.render.quoting import sbatch_directive_value, shq
 from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
@@ -74,6 +75,10 @@ __all__ = [
 ]
 
 PLAN_NAME = "plan.json"
+#: The largest ``<job_dir>/weights/plan.json`` read: the file is the user's (a swapped ``/dev/zero``
+#: must not fill the staging job's memory), and it holds at most a few pinned listings, each
+#: bounded like a pin record (:func:`lookup_pin`).
+PLAN_MAX_BYTES = 256 << 20
 _TEAM_SLUG = re.compile(r"[^a-z0-9_.-]+")
 
 
@@ -293,8 +298,14 @@ def write_plan(job_dir: str | Path, plan: WeightsPlan) -> Path:
 
 
 def read_plan(job_dir: str | Path) -> WeightsPlan:
-    """Read ``<job_dir>/weights/plan.json`` (as the user)."""
-    return WeightsPlan.model_validate_json((Path(job_dir) / "weights" / PLAN_NAME).read_bytes())
+    """Read ``<job_dir>/weights/plan.json`` (as the user) as a file the job controls: no FIFO, device or
+    user symlink, at most :data:`PLAN_MAX_BYTES` (:mod:`slurm_bt.posix.user_files`).
+
+    Raises:
+        OSError: it cannot be read or is refused (:class:`~slurm_bt.posix.user_files.UnsafeFile`).
+        ValueError: it is not a valid plan.
+    """
+    return WeightsPlan.model_validate_json(read_user_file(Path(job_dir) / "weights" / PLAN_NAME, PLAN_MAX_BYTES))
 
 
 # -- listing ---------------------------------------------------------------------------------------------

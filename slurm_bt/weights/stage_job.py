@@ -38,7 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import BtError, SourceError, StorageError
@@ -59,6 +59,9 @@ from slurm_bt.weights.plan import (
     pin_key,
     select_listing,
 )
+
+if TYPE_CHECKING:
+    from slurm_bt.job_spec import JobSpec
 
 __all__ = ["StageOutcome", "ensure_team_root", "stage_plan", "stage_source", "team_gid"]
 
@@ -403,18 +406,23 @@ def stage_plan(
     credentials_for: Callable[[SourcePin], Credentials | None] | None = None,
     options: Any = None,
     progress_interval_s: float = 5.0,
+    spec: JobSpec | None = None,
 ) -> list[StageOutcome]:
     """Stage every source of the plan in ``job_dir`` and write its final manifests.
+
+    ``spec``: the job's ``job.json`` when the caller has read it already (else read here, bounded,
+    when the credentials come from the user's store).
 
     Raises:
         BtError: the first source that failed, with ``job.weights[i].source`` prepended by
             :func:`slurm_bt.steps.stage_weights.main`.
     """
+    from slurm_bt.job_spec import read_job_spec
     from slurm_bt.weights.plan import read_plan
 
     plan = read_plan(job_dir)
     if credentials_for is None:
-        credentials_for = _store_credentials(job_dir)
+        credentials_for = _store_credentials(spec or read_job_spec(job_dir / "job.json"))
     team, shared = cluster_tiers(plan.cluster_cache, plan.team)
     ensure_team_root(Path(plan.cluster_cache), team)
     _collect_dead_writers(team, out)
@@ -448,14 +456,12 @@ def _collect_dead_writers(team: ClusterCache, out: IO[str]) -> None:
         print(f"slurm-bt staging: removed {p} (its writer is dead)", file=out, flush=True)
 
 
-def _store_credentials(job_dir: Path) -> Callable[[SourcePin], Credentials | None]:
+def _store_credentials(spec: JobSpec) -> Callable[[SourcePin], Credentials | None]:
     """Credentials from the user's secret store (the store named in the job's spec)."""
-    from slurm_bt.job_spec import JobSpec
     from slurm_bt.secrets_store import SecretStore
     from slurm_bt.site.settings import user_path
     from slurm_bt.storage.credentials import credentials_from_store
 
-    spec = JobSpec.model_validate_json((job_dir / "job.json").read_bytes())
     store = SecretStore(Path(user_path(spec.storage["secrets"])))
 
     def get(pin: SourcePin) -> Credentials | None:
