@@ -28,12 +28,14 @@ __all__ = [
     "CH_RUN_PRELUDE",
     "ENTRY_NAME",
     "SESSION_CONTAINER_PREFIX",
+    "SESSION_READY_SUFFIX",
     "charliecloud_argv_lines",
     "container_image_ref",
     "render_batch_script",
     "render_node_entry",
     "sbatch_directives",
     "session_env_path",
+    "session_publisher",
 ]
 
 ENTRY_NAME = "node_entry.sh"
@@ -197,6 +199,8 @@ def render_batch_script(spec: JobSpec) -> str:
     ]
     if spec.checkpointing.enabled:
         lines += _checkpoint_uploader_lines(spec, srun, python)
+    if spec.container_runtime == "pyxis" and spec.interactive is not None:
+        lines += _pyxis_session_publisher(spec, srun)
     lines += [
         "",
         "# Step 2, every node: the start commands, in order, from the config snapshot.",
@@ -219,6 +223,8 @@ def render_batch_script(spec: JobSpec) -> str:
         lines.append(f"{step} /bin/bash {entry}")
     lines[-1] += " &"
     lines += _supervise_lines(spec)
+    if spec.container_runtime == "pyxis" and spec.interactive is not None:
+        lines.append('kill "$bt_publisher" 2>/dev/null || true  # step 2 has ended: nothing left to publish')
     if spec.interactive is not None and spec.interactive.trigger == "on_failure":
         lines += _failure_hold(spec.interactive.timeout_minutes)
     lines += [
@@ -294,6 +300,25 @@ def _session_notice(what: str) -> list[str]:
     ]
 
 
+def _pyxis_session_publisher(spec: JobSpec, srun: str) -> list[str]:
+    """pyxis: a host step on every node renames the environment step 2 saves inside the image.
+
+    pyxis starts step 2's tasks in the image, so no part of node_entry.sh runs on the host, and the
+    image may have no ``mv`` (python:3.11-slim's has none): this overlapping step, outside the
+    container, waits for the ready marker and publishes by rename (:func:`session_publisher`). It is
+    stopped once step 2 has ended (``bt_publisher``).
+    """
+    return [
+        "",
+        "# Interactive session: step 2 saves its environment in the image, which may lack mv; this host",
+        "# step on every node renames it into place for `slurm-bt ssh`.",
+        # No --kill-on-bad-exit: a failed publish must not stop the job (sessions then say so).
+        f"{srun.replace(' --kill-on-bad-exit=1', '')} --overlap --job-name=bt-session-env "
+        f"/bin/bash -c {shq(session_publisher(_session_word(spec), None))} &",
+        "bt_publisher=$!",
+    ]
+
+
 def _failure_hold(minutes: int) -> list[str]:
     """on_failure: keep the allocation ``minutes`` after the start commands failed, then end the run.
 
@@ -359,15 +384,7 @@ def render_node_entry(spec: JobSpec) -> str:
         "set -uo pipefail",
         'if [ "${1:-}" != --in-container ]; then',
         f'  bt_env={_word(env_file)}"${{SLURM_NODEID}}.env"',
-        '  if [ ! -f "$bt_env" ]; then',
-        '    echo "slurm-bt: $bt_env is missing: the prepare step did not finish on $(hostname)" >&2',
-        "    exit 1",
-        "  fi",
-        "  # Unlink first, then read from the open descriptor: the file is gone whatever it holds.",
-        '  exec 3< "$bt_env" && rm -f -- "$bt_env" || exit 1',
-        "  while IFS= read -r -d '' bt_kv <&3; do export \"$bt_kv\"; done",
-        "  exec 3<&-",
-        "  unset bt_env bt_kv",
+        *(_env_load_in_image_lines() if spec.container_runtime == "pyxis" else _env_load_host_lines()),
         "fi",
     ]
     if spec.container_runtime == "none" and spec.weights:
@@ -392,6 +409,7 @@ def render_node_entry(spec: JobSpec) -> str:
         lines += [
             'if [ "${1:-}" != --in-container ]; then',
             *(_image_check_lines(spec, node) if spec.image_pin is not None else []),
+            *_session_publisher_lines(spec),
             "  exec " + " ".join(["apptainer", "exec", "--nv", *binds, "--pwd", shq(layout.workdir),
                                   image, "/bin/bash", entry, "--in-container"]),
             "fi",
@@ -421,6 +439,45 @@ def render_node_entry(spec: JobSpec) -> str:
         "done",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _env_load_host_lines() -> list[str]:
+    """Load the node's environment file where this part runs on the host (none, charliecloud, apptainer)."""
+    return [
+        '  if [ ! -f "$bt_env" ]; then',
+        '    echo "slurm-bt: $bt_env is missing: the prepare step did not finish on $(hostname)" >&2',
+        "    exit 1",
+        "  fi",
+        "  # Unlink first, then read from the open descriptor: the file is gone whatever it holds.",
+        '  exec 3< "$bt_env" && rm -f -- "$bt_env" || exit 1',
+        "  while IFS= read -r -d '' bt_kv <&3; do export \"$bt_kv\"; done",
+        "  exec 3<&-",
+        "  unset bt_env bt_kv",
+    ]
+
+
+def _env_load_in_image_lines() -> list[str]:
+    """Load the node's environment file with bash alone: pyxis starts this whole script in the image.
+
+    The user's image may have no ``rm`` or ``hostname`` (a slim or distroless image), so the file is
+    read whole and then emptied by a redirection (and unlinked only when the image has ``rm``): its
+    secrets are gone from the tmpfs either way, and the epilog removes an empty file with the runtime
+    directory. An empty file counts as missing, so an entry started twice on a node never runs
+    without its environment.
+    """
+    return [
+        '  if [ ! -s "$bt_env" ]; then',
+        '    echo "slurm-bt: $bt_env is missing: the prepare step did not finish on ${SLURMD_NODENAME:-$HOSTNAME}" >&2',
+        "    exit 1",
+        "  fi",
+        "  # Read it whole, then empty it by a redirection whatever the read did: the image may have no rm.",
+        "  mapfile -d '' -t bt_kvs < \"$bt_env\"; bt_rc=$?",
+        '  : > "$bt_env" && [ "$bt_rc" = 0 ] || exit 1',
+        "  # Unlinked too where the image has rm; an emptied file is left to the epilog otherwise.",
+        '  if command -v rm >/dev/null; then rm -f -- "$bt_env"; fi',
+        '  for bt_kv in "${bt_kvs[@]}"; do export "$bt_kv"; done',
+        "  unset bt_env bt_kv bt_kvs bt_rc",
+    ]
 
 
 def _image_check_lines(spec: JobSpec, node: str | None) -> list[str]:
@@ -488,6 +545,7 @@ def _charliecloud_lines(spec: JobSpec, binds: Sequence[BindMount], workdir: str,
         f"  bt_root={_word(scratch + '/' + CH_IMAGE_ROOT)}",
         CH_RUN_PRELUDE,
         *charliecloud_argv_lines(binds, workdir, '"$bt_img"'),
+        *_session_publisher_lines(spec),
         f'  exec "${{bt_ch[@]}}" -- /bin/bash {entry} --in-container',
         "fi",
     ]
@@ -513,23 +571,72 @@ def _session_bwrap_lines(spec: JobSpec) -> list[str]:
     ]
 
 
+SESSION_READY_SUFFIX = ".ready"
+"""``<session file>.tmp`` is complete once ``<session file>.ready`` exists (container runtimes).
+
+Inside the user's image nothing but bash may be assumed (no ``mv``: python:3.11-slim's ch-run view
+has none, nor would a distroless image), so the image's side writes the temporary file and then this
+empty marker, and a helper on the host, where coreutils exist, renames the file into place
+(:func:`session_publisher`): a session never reads a half-written environment.
+"""
+
+
+def session_publisher(session: str, watch_pid: str | None) -> str:
+    """One line of bash, for the host: publish the environment the image saved, by rename.
+
+    ``session`` is a shell word naming ``node-<rank>.session``. The helper waits for the ready
+    marker, then ``mv``s the temporary file into place. With ``watch_pid`` (the pid that becomes the
+    container's shell) it also gives up when that process has ended, so it never outlives step 2.
+    """
+    alive = f'kill -0 {watch_pid} 2>/dev/null || exit 0; ' if watch_pid else ""
+    return (f"bt_s={session}; "
+            f'until [ -e "$bt_s{SESSION_READY_SUFFIX}" ]; do {alive}sleep 0.2; done; '
+            f'mv -f -- "$bt_s.tmp" "$bt_s" && rm -f -- "$bt_s{SESSION_READY_SUFFIX}" || '
+            'echo "slurm-bt: could not publish $bt_s for interactive sessions" >&2')
+
+
+def _session_word(spec: JobSpec) -> str:
+    """``node-"${SLURM_NODEID}.session"`` in the job's runtime directory, as one shell word."""
+    return _word(session_env_path(spec, _JOB, "")[:-len(".session")]) + '"${SLURM_NODEID}.session"'
+
+
+def _session_publisher_lines(spec: JobSpec) -> list[str]:
+    """charliecloud and apptainer: start the host-side publisher before this script enters the image.
+
+    A subshell forked here stays in the host's namespaces when the ``exec`` below turns this process
+    into ch-run/apptainer and then the image's bash (the same pid, watched so that the helper ends
+    with it). Its output goes nowhere but its one error line: it must not hold the step's stdout.
+    """
+    if spec.interactive is None:
+        return []
+    return [
+        "  # Interactive session: the image may lack mv, so the host renames the environment it saves.",
+        f"  ( {session_publisher(_session_word(spec), '$$')} ) </dev/null >/dev/null &",
+    ]
+
+
 def _session_env_lines(spec: JobSpec) -> list[str]:
     """Save the start commands' environment, minus secrets and the step's ``SLURM_*``, for sessions.
 
     An attached shell is a different step: it gets its own ``SLURM_*`` from srun, and loads these
     (``BT_*``, ``MASTER_*``, the config's literal variables) from this file. Secret values stay
     only in the start commands' processes, as docs/architecture.md promises, so they are left out.
-    Pure bash (``compgen -e``): the container image need not have GNU ``env -0``.
+    Pure bash (``compgen -e``, ``printf``, redirections): in a container this runs in the user's
+    image, which need not have GNU ``env -0`` nor even ``mv``; there the file is published by the
+    host-side helper (:data:`SESSION_READY_SUFFIX`), on the host (runtime ``none``) by ``mv`` here.
     """
     skip = [shq(key) for key, _ in spec.secret_env] + ["SLURM_*", "APPTAINER_DOCKER_*"]
-    path = _word(session_env_path(spec, _JOB, "")[:-len(".session")])
+    if spec.container_runtime == "none":
+        publish = 'mv -f -- "$bt_session.tmp" "$bt_session"'
+    else:
+        publish = f': > "$bt_session{SESSION_READY_SUFFIX}"  # the host renames it (session_publisher)'
     return [
         "# Interactive session: this node's environment for `slurm-bt ssh` (secrets left out).",
-        f'bt_session={path}"${{SLURM_NODEID}}.session"',
+        f"bt_session={_session_word(spec)}",
         "( umask 077",
         "  for bt_n in $(compgen -e); do",
         f'    case "$bt_n" in {"|".join(skip)}) ;; *) printf \'%s=%s\\0\' "$bt_n" "${{!bt_n}}" ;; esac',
-        '  done > "$bt_session.tmp" && mv -f -- "$bt_session.tmp" "$bt_session"',
+        f'  done > "$bt_session.tmp" && {publish}',
         ') || echo "slurm-bt: could not save the environment for interactive sessions" >&2',
         "unset bt_session",
     ]

@@ -42,10 +42,13 @@ __all__ = ["SESSION_ENV_WAIT_S", "SESSION_SCRIPT", "SessionCommand", "session_co
 # $1: the saved environment, $2: the working directory, $3: seconds to wait for $1 (a session opened
 # as the job starts comes before step 2 has saved it), $4 (optional): one command for bash -c.
 # Only names made of [A-Za-z0-9_] are exported, and never SLURM_*: the attach step has its own.
+# Nothing but bash builtins: in a container this runs in the user's image, which may have no coreutils.
+# The half-second wait is ``read -t`` on a pipe no one writes to (opened read-write, so it never
+# reaches end of file), not ``sleep``.
 SESSION_SCRIPT = r"""bt_env="$1"; bt_dir="$2"; bt_wait=$(( ${3:-0} * 2 ))
 if [ ! -f "$bt_env" ] && [ "$bt_wait" -gt 0 ]; then
   echo "slurm-bt: waiting for the job's start commands to begin on this node (Ctrl-C to give up)" >&2
-  while [ ! -f "$bt_env" ] && [ "$bt_wait" -gt 0 ]; do sleep 0.5; bt_wait=$((bt_wait - 1)); done
+  while [ ! -f "$bt_env" ] && [ "$bt_wait" -gt 0 ]; do read -rt 0.5 <> <(:); bt_wait=$((bt_wait - 1)); done
 fi
 if [ -f "$bt_env" ] && [ -r "$bt_env" ]; then
   while IFS= read -r -d '' bt_kv; do

@@ -4,15 +4,17 @@
 set -uo pipefail
 if [ "${1:-}" != --in-container ]; then
   bt_env=/dev/shm/slurm-bt-1001/"${SLURM_JOB_ID}"/node-"${SLURM_NODEID}.env"
-  if [ ! -f "$bt_env" ]; then
-    echo "slurm-bt: $bt_env is missing: the prepare step did not finish on $(hostname)" >&2
+  if [ ! -s "$bt_env" ]; then
+    echo "slurm-bt: $bt_env is missing: the prepare step did not finish on ${SLURMD_NODENAME:-$HOSTNAME}" >&2
     exit 1
   fi
-  # Unlink first, then read from the open descriptor: the file is gone whatever it holds.
-  exec 3< "$bt_env" && rm -f -- "$bt_env" || exit 1
-  while IFS= read -r -d '' bt_kv <&3; do export "$bt_kv"; done
-  exec 3<&-
-  unset bt_env bt_kv
+  # Read it whole, then empty it by a redirection whatever the read did: the image may have no rm.
+  mapfile -d '' -t bt_kvs < "$bt_env"; bt_rc=$?
+  : > "$bt_env" && [ "$bt_rc" = 0 ] || exit 1
+  # Unlinked too where the image has rm; an emptied file is left to the epilog otherwise.
+  if command -v rm >/dev/null; then rm -f -- "$bt_env"; fi
+  for bt_kv in "${bt_kvs[@]}"; do export "$bt_kv"; done
+  unset bt_env bt_kv bt_kvs bt_rc
 fi
 cd -- /b10/workspace || exit 1
 set +u +o pipefail  # start commands run with ordinary shell semantics

@@ -7,7 +7,14 @@ built once per host and cached under /var/tmp/slurm-bt-oci; each test image copi
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pwd
+import shutil
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 _DEVCLUSTER = Path(__file__).resolve().parents[2] / "devcluster"
@@ -16,7 +23,32 @@ if str(_DEVCLUSTER) not in sys.path:  # devcluster/ is scripts, not a package: i
 
 import oci_image  # noqa: E402
 
-__all__ = ["base_layout", "derive", "oci_image"]
+__all__ = ["base_layout", "derive", "oci_image", "squash", "user_rootfs"]
 
 base_layout = oci_image.base_layout
 derive = oci_image.derive
+
+
+@contextlib.contextmanager
+def user_rootfs(prefix: str) -> Iterator[tuple[Path, pwd.struct_passwd, Path]]:
+    """(base, btu1's passwd entry, base/rootfs): a world-readable temp tree for a test that runs ch-run as
+    btu1, holding the host-files root filesystem without python (bash and a few coreutils); removed after."""
+    from tests.unit.test_hooks_env import ensure_test_users
+
+    ensure_test_users()
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        rootfs = base / "rootfs"
+        oci_image.build_rootfs(rootfs, with_python=False)
+        yield base, pwd.getpwnam("btu1"), rootfs
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def squash(rootfs: Path, img_dir: Path) -> Path:
+    """``img_dir/image.sqfs`` made from ``rootfs`` (root-owned inside, as the staging job makes them)."""
+    img_dir.mkdir(parents=True)
+    subprocess.run(["mksquashfs", str(rootfs), str(img_dir / "image.sqfs"), "-noappend", "-all-root", "-no-progress"],
+                   check=True, capture_output=True)
+    return img_dir / "image.sqfs"

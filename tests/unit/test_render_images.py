@@ -4,11 +4,8 @@ charliecloud job enters the image (slurm_bt/render/session.py), run for real wit
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
-import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -18,6 +15,7 @@ from slurm_bt.job_spec import ImagePin, JobSpec
 from slurm_bt.render.batch_script import render_batch_script, render_node_entry
 from slurm_bt.render.session import session_command
 from slurm_bt.site.settings import SiteSettings
+from tests.servers.oci_images import squash, user_rootfs
 from tests.spec_helpers import spec_for
 
 DIGEST = "sha256:" + "cd" * 32
@@ -58,29 +56,14 @@ def test_pinned_jobs_never_name_the_registry_on_the_nodes(tmp_path: Path, runtim
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ch-run") is None or shutil.which("mksquashfs") is None,
                     reason="needs root (to act as btu1), ch-run and mksquashfs")
 def test_charliecloud_session_enters_the_image() -> None:
-    from tests.unit.test_hooks_env import ensure_test_users
-
-    ensure_test_users()
-    pw = pwd.getpwnam("btu1")
-    base = Path(tempfile.mkdtemp(prefix="bt-ch-session-", dir="/tmp"))
-    devcluster = str(Path(__file__).resolve().parents[2] / "devcluster")
-    sys.path.insert(0, devcluster)
-    try:
-        os.chmod(base, 0o755)
-        import oci_image  # type: ignore[import-not-found]  # devcluster/oci_image.py: the host-files root filesystem the dev images use
-
-        rootfs = base / "rootfs"
-        oci_image.build_rootfs(rootfs, with_python=False)
+    with user_rootfs("bt-ch-session-") as (base, pw, rootfs):
         site = SiteSettings(container_runtime="charliecloud", storage={
             "scratch": f"{base}/%n/scratch", "node_cache": f"{base}/%n/weights", "runtime": f"{base}/shm"})
         spec = _pinned(_config(base / "cfg"), site)
         ctx = spec.context.model_copy(update={"user": "btu1", "uid": pw.pw_uid, "home": pw.pw_dir,
                                               "job_dir": str(base / "job")})
         spec = spec.model_copy(update={"context": ctx, "src_dir": str(base / "job" / "src")})
-        img = base / "n1" / "weights" / "jobs" / "77" / "img"
-        img.mkdir(parents=True)
-        subprocess.run(["mksquashfs", str(rootfs), str(img / "image.sqfs"), "-noappend", "-all-root", "-no-progress"],
-                       check=True, capture_output=True)
+        squash(rootfs, base / "n1" / "weights" / "jobs" / "77" / "img")
         for d in (base / "job" / "src", base / "n1" / "scratch" / "77", base / "shm" / f"slurm-bt-{pw.pw_uid}"):
             d.mkdir(parents=True)
         (base / "job" / "src" / "train.py").write_text("x")
@@ -94,6 +77,3 @@ def test_charliecloud_session_enters_the_image() -> None:
         assert f"in=yes cwd=/b10/workspace id={pw.pw_uid}" in proc.stdout or \
             f"in=yes cwd={base}/job/src id={pw.pw_uid}" in proc.stdout, proc.stdout + proc.stderr
         assert "train.py" in proc.stdout
-    finally:
-        sys.path.remove(devcluster)
-        shutil.rmtree(base, ignore_errors=True)
