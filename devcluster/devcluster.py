@@ -5,6 +5,9 @@ Works with Debian's Slurm 22.05 (Debian 12), 24.11 (Debian 13) and 26.05 (sid): 
 installed release (`slurmctld -V`) and writes what that release needs (see devcluster/README.md).
 
     devcluster.py up       install packages if missing, write configs, start daemons, verify (idempotent)
+    devcluster.py up --shared local|gluster
+                           the same, with <state>/shared on this disk (the default) or on a GlusterFS
+                           volume with root squash on, as real sites export shared storage (remembered)
     devcluster.py down     stop exactly the daemons whose PID files we own (SIGTERM, then SIGKILL)
     devcluster.py status   print each daemon with PID and alive/dead; exit 0 if all are up
     devcluster.py image build NAME [--pip PKG]... [--from DIR]
@@ -373,14 +376,6 @@ def ensure_dirs() -> bool:
     mkdir(SPOOL / "slurmd", 0o755)
     for n in NODES:
         mkdir(SPOOL / "slurmd" / n, 0o755)
-    mkdir(STATE / "shared", 0o1777)
-    # Root of the project/team caches: root-owned so that only the prolog creates team directories
-    # (2770 root:<group>) in it; see docs/admin.md.
-    mkdir(STATE / "shared" / "cache", 0o755)
-    # The dev site's file:// checkpoint store (docs/checkpoints.md): created by the admin, root-owned 1777,
-    # as `admin doctor` and the prepare step require. Left to the first job, it would belong to that user
-    # and every later job would be refused ("is owned by another user, not root").
-    mkdir(STATE / "shared" / "checkpoints", 0o1777)
     mkdir(STATE / "node", 0o755)
     # Node-local stand-ins, one tree per slurmd (site storage roots use %n). The slurm-bt prolog
     # creates each job's scratch (0700, the job's user), so the scratch root is root-owned 0755:
@@ -818,7 +813,7 @@ def ensure_nodes_healthy() -> None:
     step("nodes: " + " ".join(f"{k}={v}" for k, v in sorted(node_states().items())))
 
 
-def write_cluster_json(rel: Release) -> None:
+def write_cluster_json(rel: Release, shared: str = "local") -> None:
     data = {
         "cluster": CLUSTER,
         "slurm_release": rel.text,
@@ -833,6 +828,8 @@ def write_cluster_json(rel: Release) -> None:
         "mem_per_node_mb": NODE_MEM_MB,
         "state_dir": str(STATE),
         "shared_dir": str(STATE / "shared"),
+        "shared_fs": shared,  # local, or gluster (root squashed: devcluster/README.md)
+        "shared_root_squash": shared == "gluster",
         "node_local_dir": str(STATE / "node"),
         "slurm_conf": str(SLURM_CONF),
         "prolog": str(PROLOG),
@@ -847,6 +844,128 @@ def write_cluster_json(rel: Release) -> None:
 def use_mariadb_socket(sock: Path) -> None:
     global MYSQL_SOCK, MYSQL_RUN
     MYSQL_SOCK, MYSQL_RUN = sock, sock.parent
+
+
+# ------------------------------------------------------------------------------- the shared filesystem
+# <state>/shared stands in for the site's shared filesystem: the cluster cache, the project/team caches
+# and the file:// checkpoint store. `up --shared MODE` picks how (kept in <state>/shared-mode):
+#   local    a directory on this host's disk, where root can do anything (the default);
+#   gluster  a GlusterFS volume (Debian's glusterfs-server + the FUSE client) mounted there with
+#            `server.root-squash on`: root on the nodes acts as nobody on it, as on an NFS export with
+#            root_squash (the default of every NFS export) or a Lustre/GPFS site that squashes root. The
+#            brick (the volume's data) is <state>/gluster/brick; the volume is named btshared.
+# The layout an admin creates once (root-owned cache root, 1777 checkpoint store) is made with the squash
+# turned off for a moment, as an admin does from a host that is not squashed; then it is turned on again.
+
+SHARED = STATE / "shared"
+SHARED_MODE_FILE = STATE / "shared-mode"
+SHARED_MODES = ("local", "gluster")
+GLUSTER_DIR = STATE / "gluster"
+GLUSTER_VOLUME = "btshared"
+GLUSTER_PACKAGES = ["glusterfs-server", "glusterfs-client"]
+GLUSTERD = Daemon("glusterd", {"glusterd"}, RUN / "glusterd.pid", LOG / "glusterd.log")
+
+
+def shared_mode(requested: str | None = None) -> str:
+    """The shared-storage mode: ``requested`` (then remembered), else the remembered one, else local."""
+    if requested is not None:
+        write_if_changed(SHARED_MODE_FILE, requested + "\n", 0o644)
+        return requested
+    try:
+        mode = SHARED_MODE_FILE.read_text().strip()
+    except FileNotFoundError:
+        return "local"
+    return mode if mode in SHARED_MODES else "local"
+
+
+def _shared_layout() -> None:
+    mkdir(SHARED, 0o1777)
+    # Root of the project/team caches: root-owned so that only the prolog creates team directories
+    # (2770 root:<group>) in it; see docs/admin.md.
+    mkdir(SHARED / "cache", 0o755)
+    # The dev site's file:// checkpoint store (docs/checkpoints.md): created by the admin, root-owned 1777,
+    # as `admin doctor` and the prepare step require. Left to the first job, it would belong to that user
+    # and every later job would be refused ("is owned by another user, not root").
+    mkdir(SHARED / "checkpoints", 0o1777)
+
+
+def _gluster(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    return run(["gluster", "--mode=script", *args], check=check, timeout=timeout)
+
+
+def _root_squashed(folder: Path) -> bool:
+    """True when root cannot create an entry in the root-owned 0755 ``folder`` (it acts as nobody)."""
+    probe = folder / f".devcluster-squash-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except PermissionError:
+        return True
+    os.close(fd)
+    probe.unlink()
+    return False
+
+
+def _ensure_gluster_packages() -> None:
+    if shutil.which("glusterd") and shutil.which("mount.glusterfs"):
+        return
+    step(f"packages: installing {' '.join(GLUSTER_PACKAGES)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    run(["apt-get", "update"], timeout=600, env=env)
+    run(["apt-get", "install", "-y", "--no-install-recommends", *GLUSTER_PACKAGES], timeout=1200, env=env)
+
+
+def ensure_shared(mode: str) -> None:
+    if mode == "local":
+        if os.path.ismount(SHARED):  # back from gluster: the local directory is under the mount
+            run(["umount", str(SHARED)], timeout=60)
+            step(f"shared: unmounted the GlusterFS volume from {SHARED}")
+        _shared_layout()
+        return
+    _ensure_gluster_packages()
+    if GLUSTERD.pid() is None:
+        mkdir(GLUSTER_DIR, 0o700)
+        spawn_daemon(["glusterd", "-p", str(GLUSTERD.pidfile), f"--log-file={GLUSTERD.log}"], GLUSTERD.name)
+        if not wait_for(lambda: _gluster("volume", "list", check=False).returncode == 0, 30):
+            raise Failure("glusterd did not answer within 30 s", GLUSTERD.log)
+        step(f"glusterd: started (pid {GLUSTERD.pid()})")
+    info = _gluster("volume", "info", GLUSTER_VOLUME, check=False)
+    if info.returncode != 0:
+        brick = GLUSTER_DIR / "brick"
+        mkdir(brick, 0o755)
+        # `force`: the brick is on the root filesystem, which gluster refuses by default
+        _gluster("volume", "create", GLUSTER_VOLUME, f"{hostname()}:{brick}", "force")
+        step(f"shared: created GlusterFS volume {GLUSTER_VOLUME} (brick {brick})")
+        info = _gluster("volume", "info", GLUSTER_VOLUME)
+    if "Status: Started" not in info.stdout:
+        _gluster("volume", "start", GLUSTER_VOLUME, "force")
+    _gluster("volume", "set", GLUSTER_VOLUME, "server.root-squash", "off")
+    SHARED.mkdir(parents=True, exist_ok=True)
+    if not os.path.ismount(SHARED):
+        run(["mount", "-t", "glusterfs", f"127.0.0.1:/{GLUSTER_VOLUME}", str(SHARED)], timeout=60)
+        step(f"shared: mounted GlusterFS {GLUSTER_VOLUME} at {SHARED}")
+
+    def layout_made() -> bool:  # the option reaches the brick within a moment, not at once
+        try:
+            _shared_layout()
+            return True
+        except PermissionError:
+            return False
+
+    if not wait_for(layout_made, 30, 0.5):
+        raise Failure(f"could not create the shared layout on {SHARED} with root squash off", GLUSTERD.log)
+    _gluster("volume", "set", GLUSTER_VOLUME, "server.root-squash", "on")
+    if not wait_for(lambda: _root_squashed(SHARED / "cache"), 30, 0.5):
+        raise Failure(f"root is still not squashed on {SHARED} 30 s after server.root-squash on", GLUSTERD.log)
+    step(f"shared: {SHARED} is GlusterFS volume {GLUSTER_VOLUME} with root squash on")
+
+
+def stop_shared() -> None:
+    if os.path.ismount(SHARED):
+        run(["umount", str(SHARED)], timeout=60, check=False)
+        step(f"shared: unmounted {SHARED}")
+    if GLUSTERD.pid() is not None:
+        _gluster("volume", "stop", GLUSTER_VOLUME, check=False)  # ends the brick process glusterd started
+    step(f"{GLUSTERD.name}: {GLUSTERD.stop(15.0)}")
 
 
 # ------------------------------------------------------------------------------- dev container registry
@@ -1092,7 +1211,7 @@ def ensure_site_file() -> None:
     step(f"site: {SITE_FILE}: container_runtime = {runtime}" + (f" ({', '.join(why)})" if why else ""))
 
 
-def cmd_up() -> int:
+def cmd_up(shared: str | None = None) -> int:
     t0 = time.monotonic()
     ensure_packages()
     rel = probe_release()
@@ -1100,6 +1219,8 @@ def cmd_up() -> int:
     step(f"release: Slurm {rel.text} (MariaDB socket {MYSQL_SOCK})")
     ensure_hooks()
     devices_changed = ensure_dirs()
+    mode = shared_mode(shared)
+    ensure_shared(mode)
     pw = db_password()
     slurm_changed, dbd_changed = write_configs(pw, rel)
     if devices_changed:
@@ -1111,7 +1232,7 @@ def cmd_up() -> int:
     ensure_slurmds(slurm_changed or devices_changed)
     SLURM_CONF_STAMP.write_text(slurm_conf_hash() + "\n")
     ensure_nodes_healthy()
-    write_cluster_json(rel)
+    write_cluster_json(rel, mode)
     ensure_registry()
     ensure_fuse()
     ensure_site_file()
@@ -1127,6 +1248,8 @@ def cmd_down() -> int:
     for d in order:
         bound = 30.0 if d is MYSQLD else (3.0 if d is MYSQLD_SAFE else 15.0)
         step(f"{d.name}: {d.stop(bound)}")
+    if shared_mode() == "gluster" or GLUSTERD.pid() is not None or os.path.ismount(SHARED):
+        stop_shared()
     return 0
 
 
@@ -1147,6 +1270,16 @@ def cmd_status() -> int:
     for d in REGISTRIES.values():  # informational: a cluster without the registry still runs jobs
         pid = d.pid()
         print(f"{d.name:<12} pid {pid if pid else '-':<8} {'alive' if pid else 'dead'}")
+    mode = shared_mode()
+    if mode == "gluster":
+        pid = GLUSTERD.pid()
+        mounted = os.path.ismount(SHARED)
+        print(f"{GLUSTERD.name:<12} pid {pid if pid else '-':<8} {'alive' if pid else 'dead'}")
+        all_up = all_up and pid is not None and mounted
+        print(f"shared       {SHARED}: GlusterFS {GLUSTER_VOLUME}, root squash on, "
+              f"{'mounted' if mounted else 'NOT mounted'}")
+    else:
+        print(f"shared       {SHARED}: local directory")
     if SLURMCTLD.pid():
         try:
             states = node_states()
@@ -1167,6 +1300,9 @@ def main(argv: list[str]) -> int:
         except Failure as e:
             print(f"ERROR: {e}", file=sys.stderr)
             return 2 if isinstance(e, UsageError) else 1
+    shared = None
+    if len(argv) == 4 and argv[1] == "up" and argv[2] == "--shared" and argv[3] in SHARED_MODES:
+        shared, argv = argv[3], argv[:2]
     if len(argv) != 2 or argv[1] not in ("up", "down", "status"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
@@ -1179,7 +1315,9 @@ def main(argv: list[str]) -> int:
             STATE.mkdir(parents=True, exist_ok=True)
             lock = open(STATE / ".lock", "w")
             fcntl.flock(lock, fcntl.LOCK_EX)
-        return {"up": cmd_up, "down": cmd_down, "status": cmd_status}[argv[1]]()
+        if argv[1] == "up":
+            return cmd_up(shared)
+        return {"down": cmd_down, "status": cmd_status}[argv[1]]()
     except Failure as e:
         print(f"ERROR: {e}", file=sys.stderr)
         if e.log is not None:

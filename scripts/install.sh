@@ -15,10 +15,11 @@ fi
 # Container images (docs/containers.md, docs/admin.md): skopeo/umoci/squashfs-tools mirror an image into
 # the cache, charliecloud + squashfuse run it unprivileged, docker-registry + apache2-utils (htpasswd)
 # serve the dev cluster's registry; python3-lark/python3-requests are charliecloud's (ch-image) needs.
+# glusterfs-server/-client: shared storage with root squash (devcluster.py up --shared gluster, the tests).
 pkgs=(slurm-wlm slurmdbd munge mariadb-server python3-venv python3-dev bubblewrap openssh-server
       util-linux procps iproute2 passwd
       skopeo umoci charliecloud squashfs-tools squashfuse docker-registry apache2-utils python3-lark
-      python3-requests)
+      python3-requests glusterfs-server glusterfs-client)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -9,6 +9,7 @@ re-checks a node and prints each problem with its fix (exit 1 if anything is wro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -30,9 +31,19 @@ if TYPE_CHECKING:
     from slurm_bt.site.settings import SiteSettings
     from slurm_bt.slurm.client import SlurmClient
 
-__all__ = ["HANDOFF_UNIT", "Check", "admin_group", "container_runtime_checks",
-           "doctor_checks", "release_checks", "render_handoff_units",
-           "render_wrapper", "slurm_conf_lines"]
+__all__ = [
+    "HANDOFF_UNIT",
+    "Check",
+    "admin_group",
+    "container_runtime_checks",
+    "doctor_checks",
+    "release_checks",
+    "render_handoff_units",
+    "render_wrapper",
+    "root_squash_checks",
+    "slurm_conf_lines",
+    "squashed_as",
+]
 
 _WRAPPER = """#!/bin/sh
 # slurm-bt {kind} wrapper, written by `slurm-bt admin install` (contract: {kind}/README.md).
@@ -470,6 +481,67 @@ def container_runtime_checks(runtime: str, *, which: Callable[[str], str | None]
 # -- end container runtimes
 
 
+def squashed_as(folder: str) -> str | None:
+    """Who root acts as on ``folder``'s filesystem when root is squashed there, else None.
+
+    A root-squashing export (NFS's default ``root_squash``, a Lustre nodemap without ``admin``, GlusterFS's
+    ``server.root-squash``) maps root to an unprivileged identity: a file root creates is owned by that
+    uid, and where that identity may not write (a root-owned 0755 directory) root's create is refused
+    although root owns the directory and has write permission. The probe is a file created and removed
+    again; None also when the folder cannot be probed (missing, read-only: other checks report those)."""
+    probe = os.path.join(folder, f".bt-doctor-squash-{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+    except PermissionError:
+        try:
+            st = os.stat(folder)
+        except OSError:
+            return None
+        return "an unprivileged user" if st.st_uid == 0 and st.st_mode & stat.S_IWUSR else None
+    except OSError:
+        return None
+    try:
+        uid = os.fstat(fd).st_uid
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+    return f"uid {uid}" if uid != 0 else None
+
+
+SQUASH_FIX = ("export it to the compute nodes without root squash (docs/admin.md \"Root-squashed shared filesystems\": "
+              "NFS no_root_squash, Lustre nodemap admin=1, GlusterFS server.root-squash off)")
+
+
+def root_squash_checks(cache: str, cluster_cache: str, checkpoint_store: str) -> list[Check]:
+    """Per feature: does it work where root on this node is squashed on the shared filesystem?
+
+    Only meaningful as root; each root is probed where it exists (a missing one is reported elsewhere)."""
+    if os.geteuid() != 0:
+        return []
+    checks: list[Check] = []
+    who = squashed_as(cache) if os.path.isdir(cache) else None
+    if who is not None:
+        checks.append(Check("root squash: project and team caches", False,
+                            f"root acts as {who} on {cache}: the prolog creates <cache>/teams/<team> and the "
+                            "project caches as root, so every job with CacheConfig enabled is refused "
+                            "(job refused in phase caches: Permission denied)", SQUASH_FIX))
+    who = squashed_as(cluster_cache) if os.path.isdir(cluster_cache) else None
+    if who is not None:
+        checks.append(Check("root squash: weights and images", False,
+                            f"root acts as {who} on {cluster_cache}: the prolog and the node stager read team "
+                            "tiers (2770 root:<team group>) as root, so node copies of team-tier weights and "
+                            "images fail; only the root-owned shared tier, created from a host that is not "
+                            "squashed, still serves", SQUASH_FIX))
+    if checkpoint_store.startswith("file://") and os.path.isdir(path := checkpoint_store[len("file://"):]):
+        who = squashed_as(path)
+        if who is not None:
+            checks.append(Check("root squash: checkpoint store", True,
+                                f"root acts as {who} on {path}: uploads and hand-off resumes run as the job "
+                                "user, which squashing does not change", info=True))
+    return checks
+
+
 def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None) -> list[Check]:
     """Run every check for this host's ``nodes``; see the module docstring."""
     from slurm_bt.posix.job_notes import STATE_ROOT
@@ -580,9 +652,12 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
     checks.append(_runtime_root_check(site.storage.runtime))
     checks += container_runtime_checks(site.container_runtime)
     cache = expand_path(site.storage.cache, user="root", uid=0, home="/root")
+    squash = root_squash_checks(cache, expand_path(site.storage.cluster_cache, user="root", uid=0, home="/root"),
+                                site.storage.checkpoint_store)
+    checks += squash
     chk = _check_root_dir("shared cache root", cache)
     checks.append(chk)
-    if chk.ok:
+    if chk.ok and not any(c.name == "root squash: project and team caches" for c in squash):
         probe = Path(cache) / f".doctor-{os.getpid()}"
         try:
             probe.mkdir()
