@@ -13,6 +13,7 @@ after the job (the file is the user's: it is read as a file the job controls, bo
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from typing import TYPE_CHECKING, Any, Literal
@@ -250,9 +251,34 @@ def read_job_spec(path: str | os.PathLike[str]) -> JobSpec:
 
 
 def slugify(name: str, *, default: str, max_len: int = 63) -> str:
-    """A Slurm- and path-safe form of a user-chosen name (``[A-Za-z0-9._-]``, no leading dot)."""
+    """A Slurm- and path-safe id of a user-chosen name (``[A-Za-z0-9._-]``, no leading dot or dash).
+
+    A name that already is such an id (at most ``max_len`` long, and without ``..``) is its own id,
+    so every store, cache and record keyed by one keeps it. Any other name gets its safe form, then
+    ``..`` and the first 8 hex digits of the sha256 of the exact name: ``../rt3`` -> ``rt3..9e4a276f``,
+    ``rt3-Ω名`` -> ``rt3..bd0b6227``.
+
+    Why: the safe form alone maps different names to one id (both of those were ``rt3``), and with it
+    one checkpoint directory, cache and ``--project`` selection (issue 31, item 4). Why not refuse
+    such names: upstream takes any project name (``"My finetune"``) and configs load unchanged.
+    Why ``..``: the hashed ids must never equal a name kept as its own id, or a project could be
+    named after another's hashed id on purpose; no kept id contains ``..`` (a safe name that does is
+    hashed too), so two different names share an id only if their sha256 prefixes collide.
+    docs/compatibility.md ("Project ids") says what this changed for existing names.
+
+    ``default`` is the id of an empty name (``None`` account, no job name), and the stem of a name
+    with nothing safe in it (``///``); with an empty ``default`` such a name comes back ``""`` for the
+    caller to refuse.
+    """
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
-    return slug[:max_len].rstrip("-.") or default
+    slug = slug[:max_len].rstrip("-.")
+    if not name or (slug == name and ".." not in name):
+        return slug or default
+    base = slug or default
+    if not base:
+        return ""
+    tag = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{base[: max(1, max_len - len(tag) - 2)].rstrip('-.') or default}..{tag}"
 
 
 def _docker_auth(project: TrainingProject, problems: list[Problem]) -> DockerAuthSpec | None:
@@ -414,20 +440,30 @@ def _restarts(env: dict[str, str], site: SiteSettings, problems: list[Problem]) 
     """The job's restart policy: the site's ``[restarts]`` with the config's ``BT_*`` overrides."""
     from pydantic import ValidationError
 
-    values: dict[str, object] = site.restarts.model_dump()
+    defaults = site.restarts.job_defaults()
+    values: dict[str, object] = defaults.model_dump()
     for name, key in _RESTART_ENV.items():
         if name in env:
             raw = env[name].strip()
             values[key] = raw.upper().removeprefix("SIG") if key == "stop_signal" else raw
+    by_key = {v: k for k, v in _RESTART_ENV.items()}
     try:
-        return RestartSettings.model_validate(values)
+        policy = RestartSettings.model_validate(values)
     except ValidationError as exc:
-        by_key = {v: k for k, v in _RESTART_ENV.items()}
         for err in exc.errors():
             key = str(err["loc"][0]) if err["loc"] else ""
             problems.append(Problem(f"job.runtime.environment_variables.{by_key.get(key, key)}",
                                     str(err["msg"]).removeprefix("Value error, ")))
-        return site.restarts
+        return defaults
+    # Every run holds the job's nodes again: the site bounds what a config may ask for.
+    ceiling = site.restarts.ceiling
+    for key in ("max_restarts", "retry_on_failure"):
+        value = getattr(policy, key)
+        if by_key[key] in env and value > ceiling:
+            problems.append(Problem(f"job.runtime.environment_variables.{by_key[key]}",
+                                    f"{value} is above this site's ceiling of {ceiling} "
+                                    "([restarts] ceiling in the site file)"))
+    return policy
 
 
 def build_job_spec(project: TrainingProject, site: SiteSettings, ctx: SubmitContext, *,

@@ -119,9 +119,13 @@ def select_records(
     """The records of ``job_ids``, or all of ``project``'s, or all (``everything``), newest first."""
     if project is not None or everything:
         return {r.job_id: r for r in list_records(workspace, project)}
+    from slurm_bt.slurm.job_ids import try_parse_job_id
+
     out = {}
     for jid in job_ids:
-        rec = read_record(workspace, jid) if "/" not in jid else None
+        # The one job-id parser (slurm_bt.slurm.job_ids), not a rule of its own: only a Slurm job id
+        # names a record file, so no other text becomes a path under records/.
+        rec = read_record(workspace, jid) if try_parse_job_id(jid) is not None else None
         if rec is not None:
             out[jid] = rec
     return out

@@ -112,14 +112,14 @@ def _check_secrets(spec: JobSpec, store: SecretStore) -> None:
         raise SecretError(spec.context.source, problems)
 
 
-def _write_job_dir(spec: JobSpec, script: str, project: TrainingProject, max_bytes: int,
+def _write_job_dir(spec: JobSpec, script: str, project: TrainingProject, site: SiteSettings,
                    warnings: list[str]) -> Path:
     final = Path(spec.context.job_dir)
     make_private_dir(final.parent, parents=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{spec.context.submit_id}-", dir=final.parent))
     try:
         info = snapshot_config_dir(Path(spec.context.config_path), project.job.workspace, tmp / "src",
-                                   max_bytes=max_bytes)
+                                   max_bytes=site.max_snapshot_bytes, max_files=site.max_snapshot_files)
         warnings.extend(f"snapshot: {w}" for w in info.warnings)
         (tmp / "logs").mkdir(mode=0o700)
         write_file_atomic(tmp / "job.json", spec.model_dump_json(indent=2).encode(), mode=0o600)
@@ -197,7 +197,7 @@ def submit_project(
     # -- end weights
     pw = pwd.getpwuid(os.getuid())
     workspace = Path(user_path(site.storage.workspace))
-    job_dir = _write_job_dir(spec, script, project, site.max_snapshot_bytes, result.warnings)
+    job_dir = _write_job_dir(spec, script, project, site, result.warnings)
     client = SlurmClient(runner or SubprocessRunner())
     sub_env = os.environ if environ is None else environ
     staging_id: str | None = None
@@ -280,7 +280,8 @@ def _dry_run_checks(spec: JobSpec, project: TrainingProject, site: SiteSettings,
                            "pass --account to choose)")
         if plan.needs_staging:
             skipped.append("submitting the weights staging job")
-    info = check_snapshot(Path(spec.context.config_path), project.job.workspace, max_bytes=site.max_snapshot_bytes)
+    info = check_snapshot(Path(spec.context.config_path), project.job.workspace, max_bytes=site.max_snapshot_bytes,
+                          max_files=site.max_snapshot_files)
     result.warnings.extend(f"snapshot: {w}" for w in info.warnings)
     problem = _workspace_problem(Path(spec.context.job_dir).parent)
     if problem is not None:
@@ -312,12 +313,17 @@ def submit_config(
     runner: CommandRunner | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> SubmitResult:
-    """Load ``config`` (a config.py path) and submit it. Raises the slurm_bt error tree."""
-    from slurm_bt.compat.loader import load_training_project
+    """Load ``config`` (a config.py path) and submit it. Raises the slurm_bt error tree.
+
+    The config runs in a child process bounded by the site's ``[submit]`` settings: this is the
+    shared login node, and a config.py is arbitrary code (compat/bounded.py).
+    """
+    from slurm_bt.compat.bounded import load_training_project_bounded
 
     site = site or load_site_settings(environ=environ)
     source = os.fspath(config)
-    project = load_training_project(config)
+    project = load_training_project_bounded(config, timeout_s=site.submit.config_load_timeout_s,
+                                            memory_bytes=site.submit.config_load_memory_bytes)
     return submit_project(project, config_path=Path(source).resolve(), source=source,
                           sbatch_args=sbatch_args, dry_run=dry_run, site=site, runner=runner,
                           environ=environ)

@@ -23,6 +23,7 @@ import click
 
 from slurm_bt.cli.errors import handle_errors
 from slurm_bt.cli.weights_cmd import register_weights_commands
+from slurm_bt.display import visible
 from slurm_bt.errors import Problem, UserError
 from slurm_bt.job_spec import slugify
 from slurm_bt.site.settings import load_site_settings, user_path
@@ -164,12 +165,13 @@ def _render(summaries: list[CacheSummary], key: str, order: str, fmt: str) -> st
         return buf.getvalue().rstrip("\n")
     lines = []
     for s in summaries:
-        lines.append(f"Cache summary for project {s.project} (team {s.team}): {s.path}")
+        # File names in a cache are whatever a job wrote: every line is made visible.
+        lines.append(visible(f"Cache summary for project {s.project} (team {s.team}): {s.path}"))
         lines.append(f"  total size {format_bytes(s.total_size_bytes)}, {s.file_count} files, "
                      f"last used {_iso(s.last_used)}"
                      + (f", {s.unreadable} unreadable entries" if s.unreadable else ""))
         rows = [("File path", "Size", "Modified", "Type", "Permissions")]
-        rows += [(e.filepath, format_bytes(e.size_bytes), _iso(e.modified), e.type, e.permissions)
+        rows += [(visible(e.filepath), format_bytes(e.size_bytes), _iso(e.modified), e.type, e.permissions)
                  for e in _sorted(s.entries, key, order)]
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         for i, r in enumerate(rows):

@@ -13,11 +13,11 @@ import click
 
 from slurm_bt.checkpoints.index import CheckpointView
 from slurm_bt.cli.errors import handle_errors
+from slurm_bt.display import visible
 from slurm_bt.errors import Problem, UserError
 from slurm_bt.units import format_bytes
 
 __all__ = ["checkpoints_group"]
-
 
 
 def _job_index(job_id: str):  # type: ignore[no-untyped-def]
@@ -60,7 +60,10 @@ def checkpoints_group() -> None:
 @click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
 def list_command(job_id: str, fmt: str, debug: bool) -> None:
     """List JOB_ID's checkpoints (newest last)."""
+    from slurm_bt.jobs.lifecycle import check_job_ids
+
     with handle_errors("slurm-bt", debug=debug):
+        [job_id] = check_job_ids([job_id])
         store, index = _job_index(job_id)
         store.close()
         if fmt == "json":
@@ -70,10 +73,11 @@ def list_command(job_id: str, fmt: str, debug: bool) -> None:
         for c in index.checkpoints:
             rows.append((c.name, c.created, ",".join(str(r) for r in sorted(c.ranks)), str(c.file_count),
                          format_bytes(c.size), _completeness(c, index.expired)))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        click.echo(f"project {index.project_name} ({index.project_id}), job {index.job_id}, "
-                   f"{index.group_size} node(s), store {store.uri.display()}")
-        for r in rows:
+        shown = [[visible(v) for v in r] for r in rows]  # names come from the job's own index
+        widths = [max(len(r[i]) for r in shown) for i in range(len(shown[0]))]
+        click.echo(visible(f"project {index.project_name} ({index.project_id}), job {index.job_id}, "
+                           f"{index.group_size} node(s), store {store.uri.display()}"))
+        for r in shown:
             click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
 
 
@@ -90,8 +94,10 @@ def download_command(job_id: str, name: str | None, target_directory: Path | Non
     from slurm_bt.checkpoints.index import decode_relpath
     from slurm_bt.checkpoints.locations import file_key, valid_checkpoint_name
     from slurm_bt.checkpoints.resolve import safe_relpath
+    from slurm_bt.jobs.lifecycle import check_job_ids
 
     with handle_errors("slurm-bt", debug=debug):
+        [job_id] = check_job_ids([job_id])
         store, index = _job_index(job_id)
         try:
             view = index.get(name) if name else index.latest()
@@ -116,8 +122,8 @@ def download_command(job_id: str, name: str | None, target_directory: Path | Non
                     size += f.size
         finally:
             store.close()
-        click.echo(f"downloaded {view.name} of job {job_id}: {count} files, {format_bytes(size)}, sha256 verified, "
-                   f"to {target}")
+        click.echo(visible(f"downloaded {view.name} of job {job_id}: {count} files, {format_bytes(size)}, "
+                           f"sha256 verified, to {target}"))
 
 
 @checkpoints_group.command(name="resume-handoffs")

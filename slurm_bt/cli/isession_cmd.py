@@ -92,7 +92,7 @@ def _attach(job_id: str, node: str | None, command: str | None, host: str | None
     from slurm_bt.jobs.lifecycle import check_job_ids
 
     with handle_errors("slurm-bt", debug=debug):
-        check_job_ids([job_id])
+        [job_id] = check_job_ids([job_id])
         if host is not None:
             from slurm_bt.remote.interactive import run_interactive
 

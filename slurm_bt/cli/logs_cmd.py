@@ -17,8 +17,7 @@ import click
 
 from slurm_bt.cli import options
 from slurm_bt.cli.errors import handle_errors
-from slurm_bt.cli.options import host_options, load_records, warn
-from slurm_bt.errors import Problem, UserError
+from slurm_bt.cli.options import host_options, own_records, warn
 
 __all__ = ["logs_command"]
 
@@ -77,16 +76,12 @@ def logs_command(job_id: str, follow: bool, tail: int | None, node_rank: int | N
     from slurm_bt.jobs.logs import LogLine, LogReader, follow_logs
 
     with handle_errors("slurm-bt", debug=debug):
-        check_job_ids([job_id])
+        [job_id] = check_job_ids([job_id])
         if host is not None:
             _remote(host, job_id, follow, tail, node_rank, as_json, accept_new_host_key)
             return
-        records = load_records([job_id])
-        record = records.get(job_id)
-        if record is None:
-            raise UserError("slurm-bt", [Problem("JOB_ID", f"job {job_id} was not submitted with slurm-bt from "
-                                                 "this account (no submission record): logs are only shown "
-                                                 "for your own jobs")])
+        records = own_records([job_id], "logs")
+        record = records[job_id]
         reader = LogReader(Path(record.job_dir), job_id, node=node_rank, tail=tail)
 
         def emit(line: LogLine) -> None:

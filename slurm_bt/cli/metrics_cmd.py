@@ -79,7 +79,7 @@ def metrics_command(job_id: str, as_json: bool, watch: bool, interval_s: float, 
     from slurm_bt.jobs.lifecycle import check_job_ids
 
     with handle_errors("slurm-bt", debug=debug):
-        check_job_ids([job_id])
+        [job_id] = check_job_ids([job_id])
         if host is not None and not watch:
             d = remote_json(host, ["metrics", job_id], accept_new_host_key)
             if as_json:

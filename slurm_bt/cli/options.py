@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from slurm_bt.records import SubmissionRecord
     from slurm_bt.slurm.client import SlurmClient
 
-__all__ = ["host_options", "load_records", "make_client", "print_json", "remote_json", "warn", "workspace"]
+__all__ = ["host_options", "load_records", "make_client", "own_records", "print_json", "remote_json", "warn",
+           "workspace"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,6 +62,26 @@ def load_records(
     from slurm_bt.records import select_records
 
     return select_records(workspace(), job_ids, project, everything=everything)
+
+
+def own_records(job_ids: Sequence[str], what: str) -> dict[str, SubmissionRecord]:
+    """The caller's records of ``job_ids`` (validated ids, :func:`~slurm_bt.jobs.lifecycle.check_job_ids`),
+    or every id without one refused at once (exit 2): the one privacy rule of the job verbs that
+    read or show a job (docs/cli.md, "Privacy"). ``what`` names what is shown (``logs``, ``statuses``).
+
+    Why refuse rather than ask Slurm anyway: under ``PrivateData`` another user's running job is
+    simply absent from sacct and squeue, which reads as "submitted a moment ago" (QUEUED), and
+    without it the job would be shown with none of what slurm-bt knows (project, staging job).
+    """
+    from slurm_bt.errors import Problem, UserError
+
+    records = load_records(job_ids)
+    missing = [j for j in job_ids if j not in records]
+    if missing:
+        raise UserError("slurm-bt", [Problem("JOB_ID", f"job {j} was not submitted with slurm-bt from this account "
+                                             f"(no submission record): {what} are only shown for your own jobs")
+                                     for j in missing])
+    return records
 
 
 def remote_json(host: str, argv: Sequence[str], accept_new: bool) -> Any:

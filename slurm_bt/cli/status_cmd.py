@@ -16,7 +16,8 @@ import click
 
 from slurm_bt.cli import options
 from slurm_bt.cli.errors import handle_errors
-from slurm_bt.cli.options import host_options, load_records, print_json, remote_json, warn
+from slurm_bt.cli.options import host_options, load_records, own_records, print_json, remote_json, warn
+from slurm_bt.display import visible
 from slurm_bt.errors import RuntimeFailure
 
 __all__ = ["list_command", "render_table", "status_command"]
@@ -36,19 +37,20 @@ def render_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     A job with a ``weights`` entry gets one indented line per declared source under its row (tier
     per node, size, seconds), so the table shows where each start read its weights from; a requeued
     job one line per earlier run with its cause (``run 1: time limit (REQUEUED on n[1-2], 0:00:44)``).
+    Every cell and line goes through :func:`~slurm_bt.display.visible`: names come from configs.
     """
-    cells = [_COLUMNS]
+    cells: list[tuple[str, ...]] = [_COLUMNS]
     for d in rows:
         project = (d.get("training_project") or {}).get("name") or "-"
-        cells.append((
-            str(d.get("id")),
+        cells.append(tuple(visible(v) for v in (
+            d.get("id"),
             project,
-            str(d.get("name") or "-"),
-            str(d.get("current_status") or "UNKNOWN"),
-            str(d.get("detail") or "-"),
-            str(d.get("nodes") or "-"),
+            d.get("name") or "-",
+            d.get("current_status") or "UNKNOWN",
+            d.get("detail") or "-",
+            d.get("nodes") or "-",
             _elapsed(d.get("elapsed_s")),
-        ))
+        )))
     widths = [max(len(c[i]) for c in cells) for i in range(len(_COLUMNS) - 1)]
     out = []
     for i, c in enumerate(cells):
@@ -57,13 +59,14 @@ def render_table(rows: Sequence[dict[str, Any]]) -> list[str]:
         if isinstance(weights, dict):
             from slurm_bt.weights.delivery_report import summary_lines
 
-            out += [f"    {line}" for line in summary_lines(weights)]
+            out += [f"    {visible(line)}" for line in summary_lines(weights)]
         runs = rows[i - 1].get("runs") if i else None
         if isinstance(runs, list):  # earlier runs of a requeued job, each with its cause (docs/long-runs.md)
             for run in runs:
                 if isinstance(run, dict):
-                    out.append(f"    run {int(run.get('run', 0)) + 1}: {run.get('cause')} ({run.get('state')} on "
-                               f"{run.get('nodes') or '-'}, {_elapsed(run.get('elapsed_s'))})")
+                    line = (f"    run {int(run.get('run', 0)) + 1}: {run.get('cause')} ({run.get('state')} on "
+                            f"{run.get('nodes') or '-'}, {_elapsed(run.get('elapsed_s'))})")
+                    out.append(visible(line))
     return [line.rstrip() for line in out]
 
 
@@ -86,7 +89,12 @@ def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s
     from slurm_bt.jobs.lifecycle import query_statuses, wait_for_jobs
     from slurm_bt.weights.delivery_report import weights_status, with_node_copy_state
 
-    records = load_records(job_ids, project, everything=limit is not None)
+    if project is None and limit is None:
+        # Only the caller's own jobs, as `logs` and the train verbs: without this, another user's
+        # running job (hidden by PrivateData) read as QUEUED and exited 0 (issue 31, item 6).
+        records = own_records(job_ids, "statuses")
+    else:
+        records = load_records(job_ids, project, everything=limit is not None)
     if project is not None or limit is not None:
         job_ids = list(records)[: limit if limit is not None else None]
         if not job_ids:
@@ -97,7 +105,8 @@ def _local_status(job_ids: list[str], project: str | None, wait: bool, timeout_s
     if wait:
         def show(st: Any) -> None:
             if not as_json:
-                click.echo(f"{st.job_id:<10} {st.status:<28} {st.lifecycle.detail if st.lifecycle else 'unknown'}")
+                detail = st.lifecycle.detail if st.lifecycle else "unknown"
+                click.echo(visible(f"{st.job_id:<10} {st.status:<28} {detail}"))
                 sys.stdout.flush()
 
         report = wait_for_jobs(client, job_ids, timeout_s=timeout_s, records=records, on_change=show, on_warning=warn)
@@ -139,7 +148,10 @@ def status_command(job_ids: tuple[str, ...], project: str | None, as_json: bool,
     """Show JOB_IDS (or every job of --project): TRAINING_JOB_* status with Slurm's state and reason."""
     if not job_ids and project is None:
         raise click.UsageError("give one or more JOB_IDS or --project NAME")
+    from slurm_bt.jobs.lifecycle import check_job_ids
+
     with handle_errors("slurm-bt", debug=debug):
+        job_ids = tuple(check_job_ids(job_ids))
         if host is not None:
             argv = ["status", *job_ids, *(["--project", project] if project else [])]
             if wait:

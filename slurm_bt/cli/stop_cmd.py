@@ -16,6 +16,7 @@ import click
 from slurm_bt.cli import options
 from slurm_bt.cli.errors import handle_errors
 from slurm_bt.cli.options import host_options, load_records, print_json, remote_json
+from slurm_bt.display import visible
 
 __all__ = ["stop_command"]
 
@@ -76,7 +77,7 @@ def stop_command(job_ids: tuple[str, ...], timeout_s: float, as_json: bool, host
     from slurm_bt.jobs.lifecycle import check_job_ids
 
     with handle_errors("slurm-bt", debug=debug):
-        check_job_ids(list(job_ids))
+        job_ids = tuple(check_job_ids(list(job_ids)))
         if host is not None:
             rows = remote_json(host, ["stop", *job_ids, "--timeout", str(timeout_s)], accept_new_host_key) or []
         else:
@@ -86,7 +87,7 @@ def stop_command(job_ids: tuple[str, ...], timeout_s: float, as_json: bool, host
     else:
         for d in rows:
             verb = "already finished" if d.get("already_finished") else "stopped"
-            click.echo(f"Job {d['id']} {verb}: {d.get('current_status')} ({d.get('detail')})")
+            click.echo(visible(f"Job {d['id']} {verb}: {d.get('current_status')} ({d.get('detail')})"))
     code = click.get_current_context().meta.get("remote_exit")
     if code:
         raise SystemExit(code)

@@ -25,6 +25,7 @@ import click
 
 from slurm_bt.cli.errors import handle_errors
 from slurm_bt.cli.train_jobs import artifact_stem, check_remote, forward_remote, pick_job, project_option, render
+from slurm_bt.display import visible
 from slurm_bt.units import format_bytes
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ def list_command(ctx: click.Context, remote: str | None, project_id: str | None,
             if checkpoint_name is not None:
                 view = index.get(checkpoint_name)
                 if view is None:
-                    click.echo(f"No files found for checkpoint: {checkpoint_name}", err=True)
+                    click.echo(visible(f"No files found for checkpoint: {checkpoint_name}"), err=True)
                     raise SystemExit(1)
                 _print_files(jid, view, fmt)
                 return

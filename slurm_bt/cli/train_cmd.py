@@ -155,6 +155,16 @@ def _push_remote(ctx: click.Context, host: str, config: Path, sbatch_args: list[
                    accept_new_host_key=False, debug=debug)
 
 
+def _load_bounded(config: Path) -> TrainingProject:
+    """The config, loaded under the site's ``[submit]`` bounds as ``bt-sbatch`` loads it (compat/bounded.py)."""
+    from slurm_bt.compat.bounded import load_training_project_bounded
+    from slurm_bt.site.settings import load_site_settings
+
+    bounds = load_site_settings().submit
+    return load_training_project_bounded(config, timeout_s=bounds.config_load_timeout_s,
+                                         memory_bytes=bounds.config_load_memory_bytes)
+
+
 def _submit(project: TrainingProject, config: Path, source: str, sbatch_args: list[str], dry_run: bool) -> Any:
     from slurm_bt.submit import submit_project
 
@@ -202,9 +212,7 @@ def push_command(ctx: click.Context, config: Path, sbatch_args: tuple[str, ...],
         _push_remote(ctx, host, config, [*sbatch_args, *([f"--account={team}"] if team else [])], tail, debug)
         return
     with handle_errors(_PROG, debug=debug):
-        from slurm_bt.compat.loader import load_training_project
-
-        project = load_training_project(config)
+        project = _load_bounded(config)
         try:
             apply_overrides(project, job_name=job_name, interactive=interactive,
                             interactive_timeout_minutes=interactive_timeout_minutes, accelerator=accelerator,
@@ -268,7 +276,6 @@ def recreate_command(ctx: click.Context, job_id: str | None, tail: bool, yes: bo
     debug = _debug(debug, log_level)
     forward_remote(ctx, remote, ["recreate"], debug=debug)
     with handle_errors(_PROG, debug=debug):
-        from slurm_bt.compat.loader import load_training_project
         from slurm_bt.jobs.lifecycle import check_job_ids
 
         if job_id is None:
@@ -279,11 +286,11 @@ def recreate_command(ctx: click.Context, job_id: str | None, tail: bool, yes: bo
             if not confirm(f"Recreate training job from most recent job {job_id}?", yes=yes,
                            non_interactive=non_interactive):
                 raise click.UsageError("Training job not recreated.")
-        check_job_ids([job_id])
+        [job_id] = check_job_ids([job_id])
         record = own_record(job_id)
         click.echo("Recreating training job...")
         config = snapshot_config(Path(record.job_dir) / "src", record.config_path)
-        project = load_training_project(config)
+        project = _load_bounded(config)
         workspace = project.job.workspace
         if workspace is not None and workspace.external_dirs:
             # Copied into the snapshot's top level when it was pushed (slurm_bt/snapshot.py): recreate
@@ -402,16 +409,15 @@ def _checkpoint_names(record: SubmissionRecord) -> str:
 def _view_job(job_id: str) -> None:
     from slurm_bt.cli import options
     from slurm_bt.jobs.lifecycle import check_job_ids, query_statuses
-    from slurm_bt.records import read_record
 
-    check_job_ids([job_id])
-    record = read_record(options.workspace(), job_id)
-    report = query_statuses(options.make_client(), [job_id], records={job_id: record} if record else {})
+    [job_id] = check_job_ids([job_id])
+    # Refused like recreate/download/logs: another user's job has no record here, and asking Slurm
+    # anyway showed it (hidden by PrivateData) as QUEUED/UNKNOWN and exited 0 (issue 31, item 6).
+    record = own_record(job_id)
+    report = query_statuses(options.make_client(), [job_id], records={job_id: record})
     if report.error is not None:
         raise report.error
     d = report.statuses[0].as_dict()
-    if record is None and d.get("current_status") is None:
-        raise click.UsageError("No training jobs found")
     project = d.get("training_project") or {}
     fields = [
         ("Job Name", d.get("name")), ("Job ID", job_id), ("Project ID", project.get("id")),
@@ -420,8 +426,7 @@ def _view_job(job_id: str) -> None:
         ("Created By", d.get("user")), ("Created", d.get("submitted_at")), ("Started", d.get("started_at")),
         ("Ended", d.get("ended_at")), ("Restarts", d.get("restarts")),
     ]
-    if record is not None:
-        fields += [("Job Dir", record.job_dir), ("Checkpoints", _checkpoint_names(record))]
+    fields += [("Job Dir", record.job_dir), ("Checkpoints", _checkpoint_names(record))]
     render(("FIELD", "VALUE"), [(k, "-" if v is None else str(v)) for k, v in fields],
            title=f"Training Job: {job_id}")
 
@@ -480,8 +485,7 @@ def stop_command(ctx: click.Context, project_id: str | None, project: str | None
         name = project_option(project, project_id)
         to_stop: list[str] = []
         if job_id is not None and not stop_all:
-            pick_job(job_id, None)
-            to_stop = [job_id]
+            to_stop = [pick_job(job_id, None)]
         else:
             # truss train: the queued and running jobs (of the project), asked from Slurm now.
             live = [st for st in job_statuses(project_records(name)) if st.status in QUEUED + ACTIVE]
@@ -530,7 +534,7 @@ def update_command(ctx: click.Context, job_id: str, priority: int | None, remote
         raise click.UsageError("At least one field to update must be provided.")
     forward_remote(ctx, remote, ["update"], debug=_debug(debug, log_level))
     with handle_errors(_PROG, debug=_debug(debug, log_level)):
-        check_job_ids([job_id])
+        [job_id] = check_job_ids([job_id])
         if priority < 1:
             raise click.UsageError("--priority must be at least 1 (Slurm reads priority 0 as 'held')")
         client = options.make_client()
@@ -612,7 +616,7 @@ def download_command(job_id: str, target_directory: Path | None, no_unzip: bool,
 
     check_remote(remote, "download")
     with handle_errors(_PROG, debug=_debug(debug, log_level)):
-        check_job_ids([job_id])
+        [job_id] = check_job_ids([job_id])
         record = own_record(job_id)
         path = download_snapshot(record, (target_directory or Path.cwd()).absolute(), unzip=not no_unzip)
     click.echo(f"✨ Training job data downloaded to {path}")

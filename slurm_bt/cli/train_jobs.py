@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from slurm_bt.cli import options
+from slurm_bt.display import visible
 
 if TYPE_CHECKING:
     from slurm_bt.jobs.lifecycle import JobStatus
@@ -155,8 +156,7 @@ def pick_job(job_id: str | None, project: str | None) -> str:
     from slurm_bt.jobs.lifecycle import check_job_ids
 
     if job_id is not None:
-        check_job_ids([job_id])
-        return job_id
+        return check_job_ids([job_id])[0]
     records = project_records(project)
     if not records:
         where = f" for project {project!r}" if project else ""
@@ -192,10 +192,11 @@ def confirm(message: str, *, yes: bool, non_interactive: bool) -> bool:
 
 
 def render(headers: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None) -> None:
-    """An aligned text table on stdout (a title line first when given)."""
+    """An aligned text table on stdout (a title line first when given), every cell made
+    :func:`~slurm_bt.display.visible` (names come from configs and checkpoint indexes)."""
     if title:
-        click.echo(title)
-    cells = [list(headers), *[list(r) for r in rows]]
+        click.echo(visible(title))
+    cells = [[visible(v) for v in headers], *[[visible(v) for v in r] for r in rows]]
     widths = [max(len(c[i]) for c in cells) for i in range(len(headers))]
     for c in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())

@@ -28,6 +28,7 @@ from typing import Any
 import click
 
 from slurm_bt.cli.errors import handle_errors
+from slurm_bt.display import visible
 from slurm_bt.errors import Problem, StorageError, UserError
 from slurm_bt.images.entry import entry_label
 
@@ -45,8 +46,54 @@ def _tiers(team: str | None) -> list[tuple[str, Any]]:
     from slurm_bt.weights.plan import cluster_tiers, team_for_user
 
     site = _site()
-    team_tier, shared = cluster_tiers(user_path(site.storage.cluster_cache), team or team_for_user())
+    try:
+        team_tier, shared = cluster_tiers(user_path(site.storage.cluster_cache), team or team_for_user())
+    except ValueError as exc:  # not a team directory name (``../x``): the user's input, not a bug
+        raise UserError("slurm-bt cache", [Problem("--team", str(exc))]) from None
     return [(f"team:{team_tier.root.name}", team_tier), ("shared", shared)]
+
+
+def _eviction_refusal(cache: Any, manifest_ids: tuple[str, ...]) -> str | None:
+    """Why the caller may not evict from ``cache`` at all, or None.
+
+    Asked before anything is removed, so that naming another team's entry is a refusal that says
+    why, not a PermissionError from listing its tier ("internal error", issue 31) or half an eviction.
+    """
+    if os.geteuid() == 0:
+        return None
+    from slurm_bt.weights.plan import caller_team_gid
+
+    what = (f"entr{'y' if len(manifest_ids) == 1 else 'ies'} {', '.join(repr(i) for i in manifest_ids)}"
+            if manifest_ids else "entries")
+    team = cache.root.name
+    if cache.root.parent.name == "teams" and caller_team_gid(team) is None:
+        return (f"cannot evict {what} from the weights cache of team {team} ({cache.root}): you are not a "
+                f"member of team {team}; only its members (or root) may evict its entries")
+    if cache.root.is_dir() and not os.access(cache.layout.manifests, os.R_OK | os.W_OK | os.X_OK):
+        return (f"cannot evict {what} from {cache.root}: its entries are not writable by you "
+                "(only the tier's members, or root, may evict them)")
+    return None
+
+
+def _not_yours(cache: Any, manifest_id: str) -> str | None:
+    """Why the caller cannot remove this one entry's manifest (a teammate's, in a sticky tier), or None."""
+    if os.geteuid() == 0:
+        return None
+    import pwd
+    import stat
+
+    try:
+        folder = os.stat(cache.layout.manifests)
+        st = os.lstat(cache.layout.manifest_file(manifest_id))
+    except OSError as exc:
+        return f"cannot be checked: {exc.strerror}"
+    if folder.st_mode & stat.S_ISVTX and os.geteuid() not in (st.st_uid, folder.st_uid):
+        try:
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            owner = f"uid {st.st_uid}"
+        return f"published by {owner}: only its publisher (or root) may evict it from this shared tier"
+    return None
 
 
 def _node(node: str) -> Any:
@@ -94,9 +141,9 @@ def register_weights_commands(group: click.Group) -> None:
             for r in rows:
                 leases = f" leases={','.join(r['leases'])}" if r["leases"] else ""
                 label = entry_label(r["kind"], r["source"], r["revision"])
-                click.echo(f"{r['tier']:<14} {r['manifest_id'][:12]}  {label}  "
-                           f"{r['files']} files  {format_bytes(r['total_bytes'])}  "
-                           f"last used {_fmt_time(r['last_used'])}{leases}")
+                click.echo(visible(f"{r['tier']:<14} {r['manifest_id'][:12]}  {label}  "
+                                   f"{r['files']} files  {format_bytes(r['total_bytes'])}  "
+                                   f"last used {_fmt_time(r['last_used'])}{leases}"))
 
     @group.command(name="inspect")
     @click.argument("manifest_id")
@@ -117,11 +164,12 @@ def register_weights_commands(group: click.Group) -> None:
                     found = True
                     what = (entry_label(m.kind, m.source, m.revision) if m.kind == "oci"
                             else f"source {m.source}@{m.revision}")
-                    click.echo(f"{name}: {mid}\n  {what}\n  "
-                               f"{len(m.files)} files, {format_bytes(m.total_bytes)}\n  snapshot "
-                               f"{cache.layout.snapshot(mid)}")
+                    for line in (f"{name}: {mid}", f"  {what}",
+                                 f"  {len(m.files)} files, {format_bytes(m.total_bytes)}",
+                                 f"  snapshot {cache.layout.snapshot(mid)}"):
+                        click.echo(visible(line))
                     for f in m.files:
-                        click.echo(f"    {f.sha256[:12]}  {f.size:>14}  {f.path}")
+                        click.echo(visible(f"    {f.sha256[:12]}  {f.size:>14}  {f.path}"))
             if not found:
                 raise UserError("slurm-bt cache", [Problem("", f"no weights cache entry {manifest_id!r}")])
 
@@ -167,7 +215,7 @@ def register_weights_commands(group: click.Group) -> None:
         with handle_errors("slurm-bt cache"):
             for line in evict(manifest_ids, dry_run=dry_run, node=node, max_bytes=max_bytes,
                               older_than_days=older_than_days, team=team):
-                click.echo(line)
+                click.echo(visible(line))
 
 
 def warm_source(source: str, *, allow: Any = None, ignore: Any = None, secret: str | None = None,
@@ -218,10 +266,23 @@ def evict(manifest_ids: tuple[str, ...], *, dry_run: bool, node: str | None, max
         raise UserError("slurm-bt cache evict", [Problem("", "name entries (ids) or --older-than-days for the "
                                                          "cluster tier, or --node NODE for a node cache")])
     [(name, cache)] = _tiers(team)[:1]
+    refusal = _eviction_refusal(cache, manifest_ids)
+    if refusal is not None:
+        raise UserError("slurm-bt cache evict", [Problem("", refusal)])
     cutoff = time.time() - (older_than_days or 0) * 86400
-    chosen = [e for e in cache.entries()
+    try:
+        entries = cache.entries()
+    except OSError as exc:  # the tier changed under us, or an ACL the check above cannot see
+        why = f"cannot list {cache.root}: {exc.strerror}; only the tier's members (or root) may evict its entries"
+        raise UserError("slurm-bt cache evict", [Problem("", why)]) from None
+    chosen = [e for e in entries
               if (manifest_ids and any(e.manifest_id.startswith(i) for i in manifest_ids))
               or (older_than_days is not None and e.published < cutoff)]
+    refused = [(e, reason) for e in chosen if manifest_ids and (reason := _not_yours(cache, e.manifest_id))]
+    if refused:  # named entries someone else published: refuse them all before removing anything
+        raise UserError("slurm-bt cache evict", [
+            Problem("", f"cannot evict {e.manifest_id[:12]} ({entry_label(e.kind, e.source, e.revision)}): {reason}")
+            for e, reason in refused])
     lines = [f"{name}: evict {e.manifest_id[:12]} {entry_label(e.kind, e.source, e.revision)} "
              f"({e.total_bytes} bytes)"
              for e in chosen]

@@ -59,14 +59,18 @@ _PUBLIC_NAMES = {
 }
 
 
-def load_training_project(path: str | os.PathLike[str]) -> TrainingProject:
+def load_training_project(path: str | os.PathLike[str], *, raise_memory_error: bool = False) -> TrainingProject:
     """Execute the config at ``path`` and return its one, fully validated ``TrainingProject``.
 
     Args:
         path: the config.py file, as the user gave it (used verbatim in error messages).
+        raise_memory_error: let a ``MemoryError`` that escapes the config propagate instead of
+            reporting it as the config's error: under a memory bound (compat/bounded.py) it means
+            the bound was hit, which the caller reports as such.
 
     Raises:
         ConfigError: listing every problem found, one line each (field path, config line).
+        MemoryError: only with ``raise_memory_error``.
     """
     source = os.fspath(path)
     file = pathlib.Path(source)
@@ -81,7 +85,7 @@ def load_training_project(path: str | os.PathLike[str]) -> TrainingProject:
                 )
             ],
         )
-    module_vars, crash = _execute(file)
+    module_vars, crash = _execute(file, raise_memory_error)
     if crash:
         raise ConfigError(source, crash)
     found = [value for value in module_vars if isinstance(value, TrainingProject)]
@@ -108,7 +112,7 @@ def check_project(project: TrainingProject, source: str) -> TrainingProject:
     return checked
 
 
-def _execute(file: pathlib.Path) -> tuple[list[Any], list[Problem]]:
+def _execute(file: pathlib.Path, raise_memory_error: bool = False) -> tuple[list[Any], list[Problem]]:
     """Run the config with the truss shim; its module values, or the problems of what escaped."""
     spec = importlib.util.spec_from_file_location(file.stem, file)
     if spec is None or spec.loader is None:
@@ -120,6 +124,10 @@ def _execute(file: pathlib.Path) -> tuple[list[Any], list[Problem]]:
             spec.loader.exec_module(module)
         except pydantic.ValidationError as exc:
             return [], _validation_problems(exc, origin)
+        except MemoryError as exc:
+            if raise_memory_error:
+                raise
+            return [], [_crash_problem(exc, origin)]
         except (Exception, SystemExit) as exc:
             return [], [_crash_problem(exc, origin)]
     return [getattr(module, name) for name in dir(module)], []

@@ -12,13 +12,18 @@ Single flight: the team tier's weak lock ``image-<hex>``; a second submitter of 
 waits for it and finds the pin record. Everything temporary lives in the tier's ``.tmp`` writer dir
 (named after this process; a ``kill -9`` leaves nothing visible and the next stager's ``gc_temp``
 removes the debris). Credentials live in a 0700 temp dir of this process only (slurm_bt/images/skopeo.py).
-Bounds: the image's compressed size and the squashfs are capped by ``[containers] max_image_bytes``,
-every file a tool writes by ``RLIMIT_FSIZE``, each tool by a wall clock.
+Bounds: the image's compressed size and the squashfs are capped by ``[containers] max_image_bytes``;
+its unpacked size (counted from the verified layers before anything is unpacked) by
+``max_unpacked_ratio`` times the compressed size and ``max_unpacked_bytes``; free space is checked
+against what the pull, then the unpacking and packing, write; every file a tool writes is capped by
+``RLIMIT_FSIZE``, each tool by a wall clock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
+import io
 import json
 import os
 import resource
@@ -26,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +45,8 @@ from slurm_bt.weights.locks import LockOptions
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from _typeshed import WriteableBuffer
 
     from slurm_bt.images.entry import ImagePlan
     from slurm_bt.job_spec import DockerAuthSpec, ImagePin, JobSpec
@@ -119,8 +127,6 @@ def _compressed_size(manifest_raw: bytes) -> int:
 @contextlib.contextmanager
 def _layer_stream(path: Path, media_type: str) -> Iterator[IO[bytes]]:
     """The layer's tar stream, decompressed (gzip in-process, zstd through the zstd tool)."""
-    import gzip
-
     with open(path, "rb") as raw:
         if media_type.endswith("+zstd"):
             proc = subprocess.Popen(["zstd", "-dc"], stdin=raw, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -138,28 +144,101 @@ def _layer_stream(path: Path, media_type: str) -> Iterator[IO[bytes]]:
             yield raw
 
 
-def _check_unpacked_size(layout: Path, cap: int, what: str) -> None:
-    """Refuse an image whose layers unpack to more than ``cap`` bytes, before unpacking anything.
+@dataclass(frozen=True)
+class _UnpackedBound:
+    """The most bytes an image may unpack to, and the setting that says so (named in the refusal)."""
 
-    One streaming pass over each (already digest-verified) layer, summing its tar members' sizes: a
-    small layer that decompresses to terabytes (a decompression bomb) is refused here instead of
-    filling the tier's filesystem.
+    limit: int
+    setting: str
+
+
+def _unpacked_bound(containers: ContainerSettings, compressed: int) -> _UnpackedBound:
+    """The smallest of: ``max_unpacked_ratio`` times the compressed layers, ``max_unpacked_bytes`` and
+    ``max_image_bytes`` (which capped the unpacked size before the other two existed: lowering it alone
+    still bounds a stager's temp space)."""
+    ratio = containers.max_unpacked_ratio
+    return min(
+        (_UnpackedBound(int(ratio * compressed),
+                        f"[containers] max_unpacked_ratio = {ratio:g} times its {compressed} compressed bytes"),
+         _UnpackedBound(containers.max_unpacked_bytes, "[containers] max_unpacked_bytes"),
+         _UnpackedBound(containers.max_image_bytes, "[containers] max_image_bytes")),
+        key=lambda b: b.limit)
+
+
+class _UnpackedCount:
+    """The bytes of the layers' decompressed tar streams, refused as soon as they pass ``bound``."""
+
+    def __init__(self, bound: _UnpackedBound, what: str) -> None:
+        self.bound, self.what, self.counted = bound, what, 0
+
+    def check(self, total: int) -> None:
+        if total > self.bound.limit:
+            raise StorageError(self.what, f"image unpacks to more than {self.bound.limit} bytes "
+                                          f"({self.bound.setting}): {total} bytes counted when the count "
+                                          "stopped; refused before unpacking")
+
+    def add(self, n: int) -> None:
+        self.counted += n
+        self.check(self.counted)
+
+
+class _CountedStream(io.RawIOBase):
+    """What tarfile reads, counted: the stream bytes it consumes without yielding a member (PAX and
+    GNU long-name headers, which it holds in memory; padding) count too, and reading stops at the bound
+    (a read "to the end" included: the count refuses once it is passed)."""
+
+    def __init__(self, raw: IO[bytes], count: _UnpackedCount) -> None:
+        super().__init__()
+        self._raw, self._count = raw, count
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self._raw.read(len(view))
+        view[:len(data)] = data
+        self._count.add(len(data))
+        return len(data)
+
+
+def _check_unpacked_size(layout: Path, containers: ContainerSettings, what: str) -> int:
+    """The image's unpacked size (its layers' tar streams), refused over :func:`_unpacked_bound`
+    before anything is unpacked; returns it.
+
+    One streaming pass over each (already digest-verified) layer: a small layer that decompresses to
+    gigabytes (a decompression bomb) is refused here instead of filling the tier's filesystem, and the
+    pass stops as soon as the bound is crossed: at once when a member's header declares more than is
+    left (its data is never read), else as the decompressed bytes pass it (many smaller members).
     """
     import tarfile
 
     index = json.loads((layout / "index.json").read_bytes())
     digest = index["manifests"][0]["digest"].split(":", 1)[1]
     manifest = json.loads((layout / "blobs" / "sha256" / digest).read_bytes())
-    total = 0
-    for layer in manifest.get("layers", []):
-        path = layout / "blobs" / "sha256" / str(layer["digest"]).split(":", 1)[1]
-        with _layer_stream(path, str(layer.get("mediaType", ""))) as stream, \
-                tarfile.open(fileobj=stream, mode="r|") as tar:
-            for member in tar:
-                total += max(member.size, 0)
-                if total > cap:
-                    raise StorageError(what, f"image unpacks to more than {cap} bytes ([containers] "
-                                             "max_image_bytes); refused before unpacking")
+    layers = [(layout / "blobs" / "sha256" / str(layer["digest"]).split(":", 1)[1], str(layer.get("mediaType", "")))
+              for layer in manifest.get("layers", [])]
+    # the verified blobs' own sizes (not the manifest's claims) are the ratio's denominator
+    count = _UnpackedCount(_unpacked_bound(containers, sum(path.stat().st_size for path, _ in layers)), what)
+    for path, media_type in layers:
+        try:
+            with _layer_stream(path, media_type) as stream, \
+                    tarfile.open(fileobj=_CountedStream(stream, count), mode="r|") as tar:
+                for member in tar:
+                    # what was read so far (this header included) plus the data the header promises
+                    count.check(count.counted + max(member.size, 0))
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            # digest-verified, so the image itself is broken: one line, as for any refused image
+            raise SourceError(what, f"layer {path.name} is not a readable tar stream ({exc}); "
+                                    "nothing was published") from None
+    return count.counted
+
+
+def _need_free(where: Path, need: int, why: str, tier: str) -> None:
+    """Refuse when the filesystem holding ``where`` (the tier's temp area) has less than ``need`` free."""
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise StorageError(tier, f"{free} bytes free, {need} needed: {why}")
 
 
 def mirror_image(
@@ -233,10 +312,9 @@ def mirror_into(
                     if size > cap:
                         raise StorageError(pin.resolved, f"image is {size} bytes compressed, over the site's "
                                                          f"[containers] max_image_bytes ({cap})")
-                    free = shutil.disk_usage(wdir).free
-                    if free < 3 * size:
-                        raise StorageError(str(team_tier.root), f"{free} bytes free, the image needs about "
-                                                                f"{3 * size} while it is converted")
+                    # the pull needs the compressed size; what unpacking needs is checked once it is known
+                    _need_free(wdir, size, f"image {pin.resolved} is {size} bytes compressed",
+                               str(team_tier.root))
                     print(f"slurm-bt staging: image {pin.reference}: pulling {pin.resolved} ({size} bytes)",
                           file=out, flush=True)
                     # skopeo verifies the manifest against the pinned digest and each blob against its own
@@ -249,7 +327,12 @@ def mirror_into(
                                                     "nothing was published") from None
                 raise SourceError(pin.resolved, f"pull failed ({exc.kind}): {exc}",
                                   transient=exc.kind in ("unreachable", "timeout")) from None
-            _check_unpacked_size(layout, cap, pin.resolved)
+            unpacked = _check_unpacked_size(layout, containers, pin.resolved)
+            # umoci writes the root filesystem (the unpacked size), then mksquashfs the squashfs beside it
+            # (at most about as much: its data compressed, or stored when it does not compress); the OCI
+            # layout is on disk already and removed before packing, so twice the unpacked size is the peak
+            _need_free(wdir, 2 * unpacked, f"image {pin.resolved} unpacks to {unpacked} bytes, plus its squashfs",
+                       str(team_tier.root))
             _tool(["umoci", "unpack", "--rootless", "--image", f"{layout}:img", str(bundle)], max_file_bytes=cap)
             from slurm_bt.posix.safefs import remove_owned_tree
 

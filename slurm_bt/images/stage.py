@@ -27,6 +27,9 @@ __all__ = ["ImagePlan", "image_plan_path", "plan_image_delivery", "read_image_pl
            "staging_containers"]
 
 _PLAN_MAX_BYTES = 1 << 20  # a team, a path and [containers]: a few KiB
+# The [containers] limits that bound what one staging job writes to the team tier (and every job to node
+# scratch): each is the smaller of the plan's and the admin's (:func:`staging_containers`).
+_STORAGE_LIMITS = ("max_image_bytes", "max_unpacked_bytes", "max_unpacked_ratio")
 
 
 def read_image_plan(job_dir: str | Path) -> ImagePlan:
@@ -48,8 +51,9 @@ def staging_containers(plan: ImagePlan, admin: SiteSettings) -> ContainerSetting
     submit (and editable until the staging job runs), while the image lands in the team's cluster tier
     on shared storage. A user may ask for a lower cap, never a higher one.
     """
-    cap = min(plan.containers.max_image_bytes, admin.containers.max_image_bytes)
-    return plan.containers.model_copy(update={"max_image_bytes": cap})
+    capped = {name: min(getattr(plan.containers, name), getattr(admin.containers, name))
+              for name in _STORAGE_LIMITS}
+    return plan.containers.model_copy(update=capped)
 
 
 def image_plan_path(job_dir: str | Path) -> Path:

@@ -181,11 +181,20 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def check_job_ids(job_ids: Sequence[str], source: str = "slurm-bt") -> None:
-    """Reject ids that are not Slurm job ids, all at once (exit 2)."""
-    bad = [j for j in job_ids if try_parse_job_id(j) is None]
+def check_job_ids(job_ids: Sequence[str], source: str = "slurm-bt") -> list[str]:
+    """The one validator of job ids a user typed: each as Slurm spells it (``parse_job_id``, the one
+    parser), or every bad one refused at once, one line each (exit 2):
+    ``slurm-bt: job id '../365': not a Slurm job id``.
+
+    Every verb that takes a job id calls it first and uses what it returns, so the records, the
+    checkpoint store and Slurm all see the same canonical id (`` 0123`` is ``123``), and a path
+    such as ``../365`` is never looked up anywhere.
+    """
+    parsed = [(j, try_parse_job_id(j)) for j in job_ids]
+    bad = [j for j, p in parsed if p is None]
     if bad:
-        raise UserError(source, [Problem("JOB_ID", f"not a Slurm job id: {b!r}") for b in bad])
+        raise UserError(source, [Problem("", f"job id {b!r}: not a Slurm job id") for b in bad])
+    return [str(p) for _, p in parsed]
 
 
 def _covers(asked: JobId, got: JobId) -> bool:
@@ -196,7 +205,7 @@ def _covers(asked: JobId, got: JobId) -> bool:
     return asked.het_offset is None or asked.het_offset == got.het_offset
 
 
-def _lifecycle_of(row: JobRow, staging: JobRow | None) -> Lifecycle:
+def _lifecycle_of(row: JobRow, staging: JobRow | None, restart_causes: Sequence[str] = ()) -> Lifecycle:
     return lifecycle(
         row.state,
         reason=row.reason,
@@ -205,6 +214,7 @@ def _lifecycle_of(row: JobRow, staging: JobRow | None) -> Lifecycle:
         cancelled_by=row.cancelled_by,
         staging_state=staging.state if staging is not None else None,
         started=row.start is not None,
+        restart_causes=restart_causes,
     )
 
 
@@ -294,7 +304,10 @@ def query_statuses(
         lc, row, n = _fold(job_id, members, staging)
         runs = _earlier_runs(history.get(row.job_id, [])[:-1], rec, str(row.job_id)) if n == 1 else ()
         if runs:
-            lc = replace(lc, detail=f"{lc.detail} ({', '.join(r.cause for r in runs)})")
+            # The causes go with the requeue count they explain ("requeued 2 times (failed, failed);
+            # staging job COMPLETED"): appended to the end of the detail they read as the staging
+            # job's, one "failed" per run of a staging job that ran once (issue 31, item 6).
+            lc = _lifecycle_of(row, staging, tuple(r.cause for r in runs))
         report.statuses.append(JobStatus(jid, lc, row, rec, staging, n, runs))
     return report
 

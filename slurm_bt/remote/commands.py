@@ -128,10 +128,11 @@ def submit_remote(
         raise UserError(source, [Problem("job.workspace.external_dirs",
                                          "not supported with --host yet: the login node re-applies the "
                                          "workspace rules to the uploaded snapshot; submit from the login node")])
-    max_bytes = load_site_settings().max_snapshot_bytes
+    site = load_site_settings()
     target = resolve_target(host, accept_new_host_key=accept_new_host_key)
     with tempfile.TemporaryDirectory(prefix="slurm-bt-push-") as tmp:
-        info = snapshot_config_dir(config_path, workspace, Path(tmp) / "src", max_bytes=max_bytes)
+        info = snapshot_config_dir(config_path, workspace, Path(tmp) / "src", max_bytes=site.max_snapshot_bytes,
+                                   max_files=site.max_snapshot_files)
         tar_path = Path(tmp) / "snapshot.tar"
         _tar_snapshot(info.dest, tar_path)
         with RemoteSession(target) as session:

@@ -16,11 +16,14 @@ value is refused with the hint to write ``--option=value``.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 
 from slurm_bt.errors import Problem, UserError
+from slurm_bt.site.settings import STOP_SIGNALS
 
-__all__ = ["FORBIDDEN_SBATCH_ARGS", "check_sbatch_args", "sbatch_partition"]
+__all__ = ["FORBIDDEN_SBATCH_ARGS", "check_sbatch_args", "sbatch_excluded_nodes", "sbatch_names_nodes",
+           "sbatch_partition"]
 
 FORBIDDEN_SBATCH_ARGS = {
     "--export": "the job environment is explicit so that no secret from your shell reaches Slurm",
@@ -35,7 +38,8 @@ def check_sbatch_args(args: Sequence[str]) -> None:
 
     Raises:
         UserError: one of ``args`` is in :data:`FORBIDDEN_SBATCH_ARGS` (in any spelling sbatch takes),
-            or a word would be read by sbatch as the batch script.
+            a ``--signal`` names a signal the stop-signal rule refuses (``USR1``), or a word would be
+            read by sbatch as the batch script.
     """
     for arg in args:
         name = arg.split("=", 1)[0]
@@ -46,6 +50,9 @@ def check_sbatch_args(args: Sequence[str]) -> None:
         refused = next((full for full in FORBIDDEN_SBATCH_ARGS if full.startswith(name)), None)
         if refused is not None:
             raise UserError("bt-sbatch", [Problem(name, f"not allowed: {FORBIDDEN_SBATCH_ARGS[refused]}")])
+    signal_problem = _signal_problem(args)
+    if signal_problem is not None:
+        raise UserError("bt-sbatch", [signal_problem])
     stray = _positional_words(args)
     if stray:
         raise UserError("bt-sbatch", [Problem(
@@ -100,6 +107,31 @@ def _positional_words(args: Sequence[str]) -> list[str]:
     return words
 
 
+# ``--si`` is the shortest prefix of ``--signal`` (no other sbatch option starts with "si").
+_SIGNAL_MIN_PREFIX = len("--si")
+
+
+def _signal_problem(args: Sequence[str]) -> Problem | None:
+    """Why a ``--signal=[{R|B}:]SIG[@TIME]`` among ``args`` is refused, or None.
+
+    A pass-through ``--signal`` replaces the batch script's own (docs/long-runs.md): what it sends
+    before the end is a stop signal, so it follows the stop signal's rule (``[restarts] stop_signal``,
+    ``BT_STOP_SIGNAL``): ``USR1`` never, whatever the spelling (``SIGUSR1``, ``usr1``, ``10``).
+    """
+    for value in _option_values(args, "--signal", _SIGNAL_MIN_PREFIX, short=""):  # no short form
+        sig = value.rpartition(":")[2].partition("@")[0].strip().upper().removeprefix("SIG")
+        if sig.isdigit():  # sbatch takes signal numbers too: 10 is USR1 on Linux
+            try:
+                sig = signal.Signals(int(sig)).name.removeprefix("SIG")
+            except ValueError:
+                pass
+        if sig not in STOP_SIGNALS:
+            return Problem("--signal", f"{value!r} is not allowed: the signal must be one of "
+                           f"{', '.join(STOP_SIGNALS)}, as for the stop signal (never USR1: NCCL and "
+                           "several launchers use it)")
+    return None
+
+
 # ``--part`` is the shortest prefix of ``--partition`` no other sbatch option shares (``--parsable``).
 _PARTITION_MIN_PREFIX = len("--part")
 
@@ -122,3 +154,49 @@ def sbatch_partition(args: Sequence[str]) -> str | None:
         elif arg.startswith("-p") and not arg.startswith("--"):
             chosen = arg[2:]
     return chosen or None
+
+
+def _option_values(args: Sequence[str], long_name: str, min_len: int, short: str) -> list[str]:
+    """Every value given to one sbatch option, in order: ``--long=V``, ``--long V`` (and their
+    unambiguous prefixes, at least ``min_len`` long), ``-s V``, ``-sV`` and ``-HsV`` (short clusters).
+
+    Other options' values are skipped as in :func:`_positional_words` (``--comment -w`` names no node).
+    """
+    values: list[str] = []
+    items = list(args)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        nxt = items[i + 1] if i + 1 < len(items) else ""
+        i += 1
+        if arg == "--":
+            break
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            if len(name) >= min_len and long_name.startswith(name):
+                values.append(value if eq else nxt)
+            bare = name[2:]
+            if not eq and bare not in _NO_VALUE_OPTIONS and any(o.startswith(bare) for o in _VALUE_OPTIONS):
+                i += 1  # its value, whatever it looks like
+        elif arg.startswith("-") and len(arg) > 1:
+            for j, ch in enumerate(arg[1:], start=1):
+                if ch == short:
+                    values.append(arg[j + 1:] or nxt)
+                if ch in _SHORT_VALUE:
+                    if j == len(arg) - 1:
+                        i += 1  # "-w n1": the next word is the value
+                    break  # else the rest of the word is the value
+    return values
+
+
+def sbatch_names_nodes(args: Sequence[str]) -> bool:
+    """Do the pass-through options require nodes by name (``-w``/``--nodelist``, ``-F``/``--nodefile``)?"""
+    return bool(_option_values(args, "--nodelist", len("--nodel"), "w")
+                or _option_values(args, "--nodefile", len("--nodef"), "F"))
+
+
+def sbatch_excluded_nodes(args: Sequence[str]) -> str | None:
+    """The node list the pass-through options exclude (``-x``/``--exclude``; the last one wins, as in sbatch)."""
+    # ``--exclud``: ``--exclu`` is also ``--exclusive``.
+    values = _option_values(args, "--exclude", len("--exclud"), "x")
+    return values[-1] or None if values else None

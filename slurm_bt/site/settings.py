@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -38,11 +38,14 @@ from slurm_bt.storage.endpoints import StorageEndpoints
 __all__ = [
     "DEFAULT_SITE_PATH",
     "SITE_ENV_VAR",
+    "STOP_SIGNALS",
     "AcceleratorMapping",
     "ContainerSettings",
     "RestartSettings",
+    "SiteRestartSettings",
     "SiteSettings",
     "StorageRoots",
+    "SubmitSettings",
     "WeightsSettings",
     "expand_path",
     "load_site_settings",
@@ -166,7 +169,14 @@ class ContainerSettings(_Strict):
             the runtime read an image that sits in the root-owned shared tier in place.
         platform: the nodes' platform, ``os/arch[/variant]``: what a multi-platform image is pinned to.
         max_image_bytes: largest image (sum of compressed layers, and the squashfs) the staging job
-            mirrors; bounds its temp space.
+            mirrors; bounds its temp space. It also caps the unpacked image, as it always did: an admin
+            who lowers it alone still bounds what a stager writes.
+        max_unpacked_bytes: largest unpacked image (its layers' tar streams: file contents and their
+            headers, counted before anything is unpacked); the bound is the smaller of this and
+            ``max_image_bytes``. What the staging job writes into the team tier's temp space and every
+            job into node scratch scales with it, not with the compressed size.
+        max_unpacked_ratio: the unpacked image may be at most this many times its compressed layers
+            (a decompression bomb: a 10 MB gzip layer can hold 10 GiB of zeros).
     """
 
     # Like [storage], the defaults describe the dev cluster (devcluster/devcluster.py runs its registry
@@ -176,6 +186,12 @@ class ContainerSettings(_Strict):
     node_copy: bool = True
     platform: str = Field(default="linux/amd64", pattern=r"^[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?$")
     max_image_bytes: int = Field(default=200 * 1024**3, gt=0)
+    # 100 GiB: several times the largest CUDA/PyTorch training images (~20 GiB unpacked), far below
+    # what a team tier or a node's scratch holds.
+    max_unpacked_bytes: int = Field(default=100 * 1024**3, gt=0)
+    # 20: real images compress 2-5x (binaries, wheels, text); 20 leaves a wide margin for a legitimate
+    # image while a bomb (gzip of zeros reaches ~1000x) is refused after reading at most 20x its size.
+    max_unpacked_ratio: float = Field(default=20.0, ge=1.0)
 
     @field_validator("registry_mirrors")
     @classmethod
@@ -214,6 +230,11 @@ class CheckpointSettings(_Strict):
 
 # -- restarts (docs/long-runs.md; slurm_bt/steps/restart.py) -----------------------------------------
 
+StopSignal = Literal["TERM", "INT", "HUP", "USR2", "QUIT"]
+#: The signals a job may be stopped with (``stop_signal``, and ``--signal`` after ``--``); never ``USR1``:
+#: NCCL and several launchers use it, so receiving it would not mean "save and stop".
+STOP_SIGNALS: tuple[str, ...] = get_args(StopSignal)
+
 
 class RestartSettings(_Strict):
     """``[restarts]``: how a job stops before its end and when it is requeued (docs/long-runs.md).
@@ -233,9 +254,50 @@ class RestartSettings(_Strict):
 
     max_restarts: int = Field(default=3, ge=0, le=1000)
     retry_on_failure: int = Field(default=0, ge=0, le=1000)
-    stop_signal: Literal["TERM", "INT", "HUP", "USR2", "QUIT"] = "TERM"
+    stop_signal: StopSignal = "TERM"
     stop_grace_s: int = Field(default=120, ge=10, le=86400)
+
+
+class SiteRestartSettings(RestartSettings):
+    """``[restarts]`` in the site file: the defaults of :class:`RestartSettings` and the ceiling.
+
+    A job's own policy (``JobSpec.restarts``, in job.json) is a plain :class:`RestartSettings`: the
+    ceiling is the site's bound on what a config may ask for, checked at submission
+    (``slurm_bt.job_spec``), not part of the job.
+
+    Attributes:
+        ceiling: the most ``max_restarts`` and ``retry_on_failure`` may each be, in this file or per
+            job (``BT_MAX_RESTARTS``, ``BT_RETRY_ON_FAILURE``): every run holds the job's nodes again.
+    """
+
+    ceiling: int = Field(default=10, ge=0, le=1000)
+
+    @model_validator(mode="after")
+    def _within_ceiling(self) -> SiteRestartSettings:
+        for key in ("max_restarts", "retry_on_failure"):
+            if getattr(self, key) > self.ceiling:
+                raise ValueError(f"{key} = {getattr(self, key)} is above ceiling = {self.ceiling}")
+        return self
+
+    def job_defaults(self) -> RestartSettings:
+        """The job's policy before its overrides: these settings without the ceiling."""
+        return RestartSettings.model_validate(self.model_dump(exclude={"ceiling"}))
 # -- end restarts ---------------------------------------------------------------------------------------
+
+
+class SubmitSettings(_Strict):
+    """``[submit]``: bounds on what ``bt-sbatch`` does with a config on the (shared) login node.
+
+    Attributes:
+        config_load_timeout_s: wall-clock seconds the config.py may take to load (it runs in a child
+            process, killed at the bound).
+        config_load_memory_bytes: address space (``RLIMIT_AS``) of that child. Address space, not
+            resident memory: libraries reserve more than they touch, hence the room above the
+            ~50 MB slurm-bt itself maps.
+    """
+
+    config_load_timeout_s: int = Field(default=60, ge=1, le=3600)
+    config_load_memory_bytes: int = Field(default=4 * 1024**3, ge=256 * 1024**2)
 
 
 class SiteSettings(_Strict):
@@ -256,10 +318,13 @@ class SiteSettings(_Strict):
             running the submission (right when the install is on a shared path).
         requeue: whether jobs are requeued by Slurm after node failure or preemption.
         max_snapshot_bytes: size limit of a config-folder snapshot (Baseten's is 5 GB).
+        max_snapshot_files: most files and directories a config-folder snapshot may hold (each is
+            copied and synced one by one: 100,000 small files took 39 s to submit).
         master_port_base: torchrun's ``MASTER_PORT`` is this plus the job id modulo 10000.
         storage: storage roots.
         weights: weights delivery (``[weights]``, :class:`WeightsSettings`).
-        restarts: stop before the end and requeue (``[restarts]``, :class:`RestartSettings`).
+        restarts: stop before the end and requeue (``[restarts]``, :class:`SiteRestartSettings`).
+        submit: bounds on loading the config at submission (``[submit]``, :class:`SubmitSettings`).
         containers: image registries and placement (``[containers]``, :class:`ContainerSettings`).
         pyxis_container_scope_job: pyxis runs with ``container_scope=job`` (its epilog removes a job's
             named containers): only then is a session job's step 2 a named container that ``slurm-bt ssh``
@@ -278,12 +343,14 @@ class SiteSettings(_Strict):
     python: str | None = None
     requeue: bool = False
     max_snapshot_bytes: int = Field(default=5 * 1024**3, gt=0)
+    max_snapshot_files: int = Field(default=20_000, gt=0)
     master_port_base: int = Field(default=20000, ge=1024, le=55000)
     storage: StorageRoots = Field(default_factory=StorageRoots)
     weights: WeightsSettings = Field(default_factory=WeightsSettings)
-    restarts: RestartSettings = Field(default_factory=RestartSettings)
+    restarts: SiteRestartSettings = Field(default_factory=SiteRestartSettings)
     checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
     containers: ContainerSettings = Field(default_factory=ContainerSettings)
+    submit: SubmitSettings = Field(default_factory=SubmitSettings)
     pyxis_container_scope_job: bool = False
 
     @model_validator(mode="after")
@@ -297,6 +364,14 @@ class SiteSettings(_Strict):
                     raise ValueError(f"storage.{key} uses %n, which pyxis cannot expand (its mounts are on the "
                                      "srun line); use a path that is the same on every node")
         return self
+
+    @field_validator("restarts", mode="before")
+    @classmethod
+    def _restarts_from_policy(cls, v: object) -> object:
+        """A job's :class:`RestartSettings` given in code (tests, tools) is the site's, default ceiling."""
+        if isinstance(v, RestartSettings) and not isinstance(v, SiteRestartSettings):
+            return v.model_dump()
+        return v
 
     @field_validator("accelerators")
     @classmethod

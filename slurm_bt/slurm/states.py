@@ -60,6 +60,7 @@ Choices worth knowing:
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -264,6 +265,7 @@ def lifecycle(
     restarts: int = 0,
     cancelled_by: int | None = None,
     started: bool | None = None,
+    restart_causes: Sequence[str] = (),
 ) -> Lifecycle:
     """Map one Slurm job's status onto the truss lifecycle (table in the module docstring).
 
@@ -281,6 +283,9 @@ def lifecycle(
             unknown. A CANCELLED job that never started never ran: 22.05 says why in its reason
             (``DependencyNeverSatisfied``), 24.11 and 26.05 keep no reason for it (``Reason=None``,
             ``Start=None``; docs/slurm-releases.md).
+        restart_causes: why each earlier run ended, oldest first (``time limit``, ``failed``...):
+            shown with the requeue count they explain, ``requeued 2 times (failed, failed)``, never
+            after the staging job's state, which would read as the staging job's history.
     """
     raw = (slurm_state or "").strip()
     name = base_state(raw)
@@ -305,8 +310,10 @@ def lifecycle(
         parts[0] += f" ({why})"
     if exit_code is not None and exit_code != (0, 0) and state in TERMINAL_STATES:
         parts.append(f"exit code {exit_code[0]}:{exit_code[1]}")
+    restarts = max(restarts, len(restart_causes))
     if restarts > 0:
-        parts.append(f"requeued {restarts} time{'s' if restarts != 1 else ''}")
+        causes = f" ({', '.join(restart_causes)})" if restart_causes else ""
+        parts.append(f"requeued {restarts} time{'s' if restarts != 1 else ''}{causes}")
     if staging is not None:
         parts.append(f"staging job {staging.value}")
     elif staging_state:

@@ -23,6 +23,16 @@ Kept cheap, because it runs on every submission with weights:
 A job that already has ``--constraint`` or ``--prefer`` among its sbatch options gets no
 preference: Slurm tries ``--prefer`` *instead of* the constraint first, so adding one could place
 the job on nodes its constraint excludes.
+
+The user's own node choice after ``--`` always wins and is passed to sbatch as given:
+
+* ``--nodelist``/``-w`` (or ``--nodefile``/``-F``) names the nodes the job must have: no preference
+  is added. Required nodes without the preferred feature can make slurmctld refuse the job ("Requested
+  node configuration is not available") instead of falling back, and the job's placement is the
+  user's anyway;
+* ``--exclude``/``-x`` keeps the preference, computed among the nodes not excluded (the list expanded by
+  ``scontrol show hostnames``), so it never names a feature only excluded nodes carry. When the list
+  cannot be expanded, no preference.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_bt.errors import SlurmCommandError
-from slurm_bt.render.sbatch_args import sbatch_partition
+from slurm_bt.render.sbatch_args import sbatch_excluded_nodes, sbatch_names_nodes, sbatch_partition
 from slurm_bt.site.site_file import expand_path
 from slurm_bt.slurm.prefer import prefer_expression
 from slurm_bt.slurm.release import features_in_use, slurm_release
@@ -100,7 +110,9 @@ def prefer_args(client: SlurmClient, plan: WeightsPlan, site: SiteSettings, part
     goes on without it.
     """
     partition = sbatch_partition(sbatch_args) or partition or None
-    if has_placement_option(sbatch_args) or not any(s.manifest is not None for s in plan.sources):
+    if has_placement_option(sbatch_args) or sbatch_names_nodes(sbatch_args):
+        return []
+    if not any(s.manifest is not None for s in plan.sources):
         return []
     if _NODE_PLACEHOLDER not in site.storage.node_cache:
         return []
@@ -108,8 +120,11 @@ def prefer_args(client: SlurmClient, plan: WeightsPlan, site: SiteSettings, part
         return []
     try:
         nodes = client.nodes()
-    except SlurmCommandError:
+        excluded_expr = sbatch_excluded_nodes(sbatch_args)
+        excluded = set(client.hostnames(excluded_expr)) if excluded_expr else set()
+    except (SlurmCommandError, ValueError):  # ValueError: an exclude list that is not a hostlist
         return []
+    nodes = [n for n in nodes if n.get("NodeName") not in excluded]
     names = [n["NodeName"] for n in nodes
              if n.get("NodeName") and (partition is None or partition in n.get("Partitions", "").split(","))]
     holders = nodes_holding(plan, site.storage.node_cache, names)

@@ -81,3 +81,53 @@ def test_node_evict_without_a_target_keeps_what_fits_the_cap(tmp_path: Path, mon
     assert node.is_ready(m), lines
     weights_cmd.evict((), dry_run=False, node="n1", max_bytes=0, older_than_days=None, team=None)
     assert not node.is_ready(m)
+
+
+def test_evict_of_another_teams_entry_is_refused_naming_it(tmp_path: Path) -> None:
+    """Issue 31: ``cache evict ID --team THEIRS`` by someone outside that team listed the tier, got
+    EACCES and ended in "internal error". Now: exit 2, one line naming the entry, the team and why;
+    an invalid ``--team`` is refused the same way. Nothing of the entry is touched."""
+    import grp
+
+    from click.testing import CliRunner
+
+    if os.geteuid() != 0:
+        pytest.fail("needs root (to create the test users); the suite runs as root")
+    ensure_test_users()
+    base = Path(tempfile.mkdtemp(prefix="bt-evict-team-", dir="/var/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        (base / "teams").mkdir(mode=0o1777)
+        os.chmod(base / "teams", 0o1777)
+        root = base / "teams" / "btteam1"
+        root.mkdir()
+        os.chown(root, 0, grp.getgrnam("btteam1").gr_gid)
+        os.chmod(root, 0o2770)
+        files = {"model.safetensors": random_bytes(1 << 16, 5)}
+        write_origin(base / "origin", files)
+        cache = ClusterCache(root, dir_mode=0o2770)
+        m = make_manifest(files, source="hf://org/theirs")
+        cache.ensure(m, DirFetcher(base / "origin"), authorize=allow)
+        site = base / "site.toml"
+        site.write_text(f'[storage]\ncluster_cache = "{base}"\nworkspace = "{base}/ws"\n')
+        os.chmod(site, 0o644)
+
+        def evict_as_btu2() -> list[tuple[int, str]]:
+            from slurm_bt.cli.cache_cmd import cache_group
+
+            env = {"SLURM_BT_SITE_CONFIG": str(site)}
+            out = []
+            for argv in (["evict", m.manifest_id[:12], "--team", "btteam1"], ["evict", "x", "--team", "../x"]):
+                res = CliRunner().invoke(cache_group, argv, env=env)
+                out.append((res.exit_code, res.stderr))
+            return out
+
+        (code, err), (code2, err2) = as_user("btu2", evict_as_btu2)  # type: ignore[misc]
+        assert code == 2 and "internal error" not in err, err
+        assert err == (f"slurm-bt cache evict: cannot evict entry '{m.manifest_id[:12]}' from the weights cache of "
+                       f"team btteam1 ({root}): you are not a member of team btteam1; only its members (or root) "
+                       "may evict its entries\n")
+        assert code2 == 2 and err2.startswith("slurm-bt cache: --team: invalid team name '../x'"), err2
+        assert cache.layout.read_manifest(m.manifest_id) is not None and cache.snapshot_path(m).is_dir()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

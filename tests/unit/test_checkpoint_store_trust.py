@@ -185,7 +185,10 @@ def test_forged_index_in_squatted_project_is_never_loaded(shared: Path) -> None:
 
 def test_resolve_fails_naming_the_squatted_dir(shared: Path, tmp_path: Path) -> None:
     """``from_latest_checkpoint(project_name=...)`` as btu1 against a squatted, planted project."""
-    _plant(shared, "LLM-FT", "99999")
+    from slurm_bt.job_spec import slugify
+
+    squat = slugify("LLM FT", default="project")  # the project id the name maps to (docs/compatibility.md)
+    _plant(shared, squat, "99999")
     code = ("from slurm_bt.checkpoints.resolve import _resolve_one\n"
             "s = FileStore(parse_store_uri(sys.argv[1]))\n"
             "try:\n"
@@ -193,7 +196,7 @@ def test_resolve_fails_naming_the_squatted_dir(shared: Path, tmp_path: Path) -> 
             "    print('LOADED', index.user, index.job_id)\n"
             "except (LookupError, UntrustedLocation) as e:\n    print('REFUSED', e)\n")
     out = _as("btu1", code, _uri(shared))
-    assert out.stdout.startswith(f"REFUSED {shared / 'LLM-FT'}: "), out.stdout + out.stderr
+    assert out.stdout.startswith(f"REFUSED {shared / squat}: "), out.stdout + out.stderr
 
 
 def test_index_naming_another_user_than_the_job_dir_owner_is_refused(shared: Path) -> None:

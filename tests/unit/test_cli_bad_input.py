@@ -172,6 +172,93 @@ def test_json_output(tmp_path: Path, env: dict[str, str]) -> None:
     proc = run(["--json", config.name, "--", "--time=5"], env, tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["job_id"] == "4242" and out["project_name"] == "x y" and out["project_id"] == "x-y"
+    # "x y" is not a safe id: its id is its safe form plus a hash of the exact name (docs/compatibility.md)
+    assert out["job_id"] == "4242" and out["project_name"] == "x y" and out["project_id"] == "x-y..887fcea6"
     assert Path(out["job_dir"], "src", "config.py").exists()
     assert Path(out["record"]).exists()
+
+
+# -- bounds (issue 31, items 2d and 5): a config and its folder are bounded on the shared login node ----
+
+
+def _site(env: dict[str, str], extra: str) -> None:
+    site = Path(env["SLURM_BT_SITE_CONFIG"])
+    site.write_text(extra + "\n" + site.read_text())
+
+
+def _nothing_submitted_or_written(tmp_path: Path) -> None:
+    """No sbatch, no job directory (the workspace's own empty folders may exist, as after any submit)."""
+    assert not (tmp_path / "sbatch-called").exists()
+    left = [p for p in (tmp_path / "ws").rglob("*") if p.is_file() or p.parent.name == "jobs"]
+    assert left == [], "files left behind"
+
+
+
+def _refused(proc: subprocess.CompletedProcess[str], stderr: str, tmp_path: Path) -> None:
+    """Exit 2 with exactly ``stderr``, and nothing submitted or written."""
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == stderr
+    _nothing_submitted_or_written(tmp_path)
+
+def test_config_that_never_returns_is_stopped_at_the_site_time_bound(tmp_path: Path, env: dict[str, str]) -> None:
+    import time
+
+    _site(env, "[submit]\nconfig_load_timeout_s = 2")
+    config = write(tmp_path, f"import time\ntime.sleep(600)\np = definitions.TrainingProject(name='x', job={OK_JOB})\n")
+    started = time.monotonic()
+    proc = run([config.name], env, tmp_path)
+    assert time.monotonic() - started < 30
+    _refused(proc, "config.py: took longer than 2 s to load (site [submit] config_load_timeout_s)\n", tmp_path)
+
+
+def test_config_allocating_too_much_is_stopped_at_the_site_memory_bound(tmp_path: Path, env: dict[str, str]) -> None:
+    _site(env, "[submit]\nconfig_load_memory_bytes = 536870912")
+    config = write(tmp_path, f"big = bytearray(1024**3)\np = definitions.TrainingProject(name='x', job={OK_JOB})\n")
+    proc = run([config.name], env, tmp_path)
+    _refused(proc, ("config.py: used more than 512.0 MiB of memory while loading "
+                           "(site [submit] config_load_memory_bytes)\n"), tmp_path)
+
+
+def test_bounded_config_still_prints_and_reports_its_own_errors(tmp_path: Path, env: dict[str, str]) -> None:
+    config = write(tmp_path, f"print('from the config')\np = definitions.TrainingProject(name='x', job={OK_JOB})\n")
+    proc = run([config.name], env, tmp_path)
+    assert proc.returncode == 0 and proc.stdout == "from the config\nSubmitted batch job 4242\n", proc.stderr
+    config = write(tmp_path, "class Mine:\n    pass\n"
+                   "p = definitions.TrainingProject(name='x', job=definitions.TrainingJob(image=definitions.Image("
+                   "base_image='x', docker_auth=None), weights=[truss_config.WeightsSource(source='hf://a/b', "
+                   "mount_location='/m', odd=Mine())]))\n")
+    proc = run(["--dry-run", config.name], env, tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("config.py: the project holds a value"), proc.stderr
+
+
+def test_snapshot_file_count_is_capped_by_the_site(tmp_path: Path, env: dict[str, str]) -> None:
+    _site(env, "max_snapshot_files = 50")
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    for i in range(60):
+        (folder / f"f{i}.txt").write_text("x")
+    config = write(folder, f"p = definitions.TrainingProject(name='x', job={OK_JOB})\n")
+    proc = run([str(config)], env, tmp_path)
+    _refused(proc, (f"{config}: the config folder {folder} holds 61 files and directories, over this "
+                           "site's limit of 50 (max_snapshot_files); use exclude_dirs or a .truss_ignore file to "
+                           "leave some out\n"), tmp_path)
+
+
+def test_retries_above_the_site_ceiling_are_refused(tmp_path: Path, env: dict[str, str]) -> None:
+    config = write(tmp_path, f"""
+        p = definitions.TrainingProject(name="x", job={OK_JOB})
+        p.job.runtime.environment_variables = {{"BT_RETRY_ON_FAILURE": "50"}}
+        """)
+    proc = run([config.name], env, tmp_path)
+    _refused(proc, ("config.py: job.runtime.environment_variables.BT_RETRY_ON_FAILURE: 50 is above this "
+                           "site's ceiling of 10 ([restarts] ceiling in the site file)\n"), tmp_path)
+
+
+def test_pass_through_signal_follows_the_stop_signal_rule(tmp_path: Path, env: dict[str, str]) -> None:
+    config = write(tmp_path, f"p = definitions.TrainingProject(name='x', job={OK_JOB})\n")
+    proc = run([config.name, "--", "--signal=USR1@10"], env, tmp_path)
+    _refused(proc, ("bt-sbatch: --signal: 'USR1@10' is not allowed: the signal must be one of TERM, INT, "
+                           "HUP, USR2, QUIT, as for the stop signal (never USR1: NCCL and several launchers use "
+                           "it)\n"), tmp_path)
+    proc = run([config.name, "--", "--signal=B:USR2@30"], env, tmp_path)
+    assert proc.returncode == 0, proc.stderr

@@ -203,3 +203,33 @@ def test_watcher_ends_when_the_batch_shell_is_gone(tmp_path: Path, monkeypatch: 
     restart._watch(None, None, "42", shell.pid)  # type: ignore[arg-type]
     assert time.monotonic() - t0 < 15
     assert calls and calls[0] == "42"
+
+
+def test_per_job_restarts_and_retries_are_capped_by_the_site_ceiling(tmp_path: Path) -> None:
+    from slurm_bt.site.settings import SiteRestartSettings
+
+    spec = make_spec(tmp_path / "ok", env={"BT_MAX_RESTARTS": "10", "BT_RETRY_ON_FAILURE": "10"})
+    assert spec.restarts.max_restarts == spec.restarts.retry_on_failure == 10
+    for name in ("BT_MAX_RESTARTS", "BT_RETRY_ON_FAILURE"):
+        with pytest.raises(ConfigError) as err:
+            make_spec(tmp_path / name, env={name: "11"})
+        assert [(p.loc, p.message) for p in err.value.problems] == [(
+            f"job.runtime.environment_variables.{name}",
+            "11 is above this site's ceiling of 10 ([restarts] ceiling in the site file)")]
+    site = SiteSettings(restarts=SiteRestartSettings(ceiling=50))
+    assert make_spec(tmp_path / "high", env={"BT_RETRY_ON_FAILURE": "50"}, site=site).restarts.retry_on_failure == 50
+    # job.json carries the job's policy, never the site's ceiling
+    assert "ceiling" not in make_spec(tmp_path / "json").model_dump_json()
+
+
+def test_site_defaults_above_the_ceiling_are_a_site_error(tmp_path: Path) -> None:
+    from slurm_bt.errors import SiteConfigError
+    from slurm_bt.site.settings import load_site_settings
+
+    site = tmp_path / "site.toml"
+    site.write_text("[restarts]\nmax_restarts = 20\n")
+    with pytest.raises(SiteConfigError) as err:
+        load_site_settings(site)
+    assert err.value.lines() == [f"{site}: restarts: max_restarts = 20 is above ceiling = 10"]
+    site.write_text("[restarts]\nmax_restarts = 20\nceiling = 20\n")
+    assert load_site_settings(site).restarts.max_restarts == 20

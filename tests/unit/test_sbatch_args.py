@@ -48,3 +48,38 @@ def test_the_table_agrees_with_sbatch_about_a_stray_word() -> None:
     assert "x.sh" in proc.stderr  # "Unable to open file /nonexistent/x.sh"
     with pytest.raises(UserError):
         check_sbatch_args(["--hold", "/nonexistent/x.sh"])
+
+
+# -- --signal follows the stop-signal rule; node lists are read for --prefer (issue 31, item 2d) --------
+
+
+@pytest.mark.parametrize("args", [
+    ["--signal=USR1@10"], ["--signal", "B:USR1@60"], ["--signal=SIGUSR1"], ["--sig=usr1@5"], ["--si=R:10@5"],
+    ["--signal=KILL@10"], ["--time=5", "--signal", "B:USR1"],
+])
+def test_pass_through_signal_outside_the_stop_signals_is_refused(args: list[str]) -> None:
+    with pytest.raises(UserError) as err:
+        check_sbatch_args(args)
+    assert err.value.lines()[0].startswith("bt-sbatch: --signal: ")
+    assert "must be one of TERM, INT, HUP, USR2, QUIT" in err.value.lines()[0]
+
+
+@pytest.mark.parametrize("args", [
+    ["--signal=B:USR2@60"], ["--signal", "TERM@30"], ["--signal=SIGINT"], ["--signal=15@60"], ["--signal=RB:HUP"],
+    ["--sockets-per-node=2"],
+])
+def test_pass_through_stop_signals_pass(args: list[str]) -> None:
+    check_sbatch_args(args)
+
+
+def test_node_lists_among_pass_through_options() -> None:
+    from slurm_bt.render.sbatch_args import sbatch_excluded_nodes, sbatch_names_nodes
+
+    for named in (["-w", "n1"], ["-wn1"], ["--nodelist=n[1-2]"], ["--nodel", "n1"], ["-F", "hosts"],
+                  ["--nodefile=hosts"], ["-Hw", "n1"]):
+        assert sbatch_names_nodes(named), named
+    for not_named in ([], ["--nodes=2"], ["-N", "2"], ["-pw"], ["--comment", "-w"]):
+        assert not sbatch_names_nodes(not_named), not_named
+    assert sbatch_excluded_nodes(["-x", "n1", "--exclude=n[2-3]"]) == "n[2-3]"
+    assert sbatch_excluded_nodes(["-xn4"]) == "n4" and sbatch_excluded_nodes(["--exclud", "n5"]) == "n5"
+    assert sbatch_excluded_nodes(["--exclusive"]) is None and sbatch_excluded_nodes(["--time=5"]) is None

@@ -213,3 +213,40 @@ def test_nodes_holding_reads_each_nodes_markers_public_or_team(tmp_path: Path) -
     # An entry in no cluster tier (manifest unknown at submit), or a root without %n: nothing to prefer.
     assert nodes_holding(_plan("t1", a, None), template, names) == []  # type: ignore[arg-type]
     assert nodes_holding(_plan("t1", a), f"{tmp_path}/n1/weights", names) == []  # type: ignore[arg-type]
+
+
+class _PlacementClient:
+    """``scontrol show node`` and ``show hostnames`` answers for prefer_args."""
+
+    def __init__(self) -> None:
+        self.expanded: list[str] = []
+
+    def nodes(self) -> list[dict[str, str]]:
+        return [_node(f"n{i}", f"n{i}") for i in range(1, 5)]
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        self.expanded.append(nodelist)
+        return {"n[1-2]": ["n1", "n2"]}[nodelist]
+
+
+def test_a_users_nodelist_gets_no_preference_and_exclude_narrows_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch takes the user's --nodelist/--exclude as given (issue 31, item 2d): with required nodes no
+    --prefer is added; with excluded ones the preference names only nodes the job may get."""
+    from types import SimpleNamespace
+
+    from slurm_bt.site.settings import SiteSettings, StorageRoots
+    from slurm_bt.weights import placement
+
+    monkeypatch.setattr(placement, "slurm_release", lambda client: R2205)
+    monkeypatch.setattr(placement, "nodes_holding", lambda plan, cache, names: [n for n in names if n in ("n1", "n3")])
+    plan = SimpleNamespace(sources=[SimpleNamespace(manifest=object())], team="t")
+    site = SiteSettings(storage=StorageRoots(node_cache="/nc/%n"))
+    client = _PlacementClient()
+
+    def prefer(args: list[str]) -> list[str]:
+        return placement.prefer_args(client, plan, site, "gpu", args)  # type: ignore[arg-type]
+
+    assert prefer([]) == ["--prefer=n1|n3"]
+    assert prefer(["--nodelist=n1"]) == [] and prefer(["-w", "n2"]) == [] and prefer(["--nodefile=f"]) == []
+    assert prefer(["--exclude=n[1-2]"]) == ["--prefer=n3"] and client.expanded == ["n[1-2]"]
+    assert prefer(["-x", "n[1-2]", "--time=5"]) == ["--prefer=n3"]

@@ -543,3 +543,31 @@ def test_snapshot_copies_tree_exactly(tmp_path_factory: pytest.TempPathFactory, 
     info = snapshot_config_dir(src / "config.py", None, base / "snap")
     assert _contents(base / "snap") == _contents(src)
     assert info.files == sum(1 for v in _contents(src).values() if v is not None)
+
+
+# --- file count (issue 31, item 5) --------------------------------------------------------------
+
+
+def test_too_many_files_is_refused_before_copying(proj: Path, out: Path) -> None:
+    for i in range(5):
+        write(proj / "data" / f"{i}.txt")
+    with pytest.raises(SnapshotError) as info:
+        snap(proj / "config.py", out, max_files=6)  # config.py, data/ and 5 files: 7
+    assert info.value.lines() == [
+        f"{proj / 'config.py'}: the config folder {proj} holds 7 files and directories, over this site's limit "
+        "of 6 (max_snapshot_files); use exclude_dirs or a .truss_ignore file to leave some out"]
+    assert_nothing_left(out)
+    info_ok, _ = snap(proj / "config.py", out, max_files=7)
+    assert info_ok.files == 6
+
+
+def test_file_count_walk_stops_early_and_ignored_files_do_not_count(
+        proj: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(20):
+        write(proj / "data" / f"{i}.txt")
+        write(proj / "__pycache__" / f"{i}.pyc")  # ignored by default: never counted
+    monkeypatch.setattr(snapshot, "_WALK_FACTOR", 2)
+    with pytest.raises(SnapshotError) as info:
+        snapshot.check_snapshot(proj / "config.py", None, max_files=5)
+    assert "holds more than 10 files and directories, over this site's limit of 5" in str(info.value)
+    assert snapshot.check_snapshot(proj / "config.py", None, max_files=22).files == 21

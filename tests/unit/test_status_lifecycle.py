@@ -212,8 +212,9 @@ def test_cli_usage_errors_exit_2(cli_env: FakeSlurm) -> None:
     assert CliRunner().invoke(cli, ["stop", "-x"]).exit_code == 2
 
 
-def test_cli_degraded_status_exits_1_naming_slurmdbd(cli_env: FakeSlurm) -> None:
+def test_cli_degraded_status_exits_1_naming_slurmdbd(cli_env: FakeSlurm, isolated_home: Path) -> None:
     job = SlurmClient(cli_env).submit(SCRIPT)
+    write_record(isolated_home / "ws", _record(job))  # status shows only the caller's own jobs
     cli_env.set_state(job, "RUNNING")
     cli_env.fail_next("sacct", times=5)
     res = CliRunner().invoke(cli, ["status", job])
