@@ -15,11 +15,10 @@ fi
 # Container images (docs/containers.md, docs/admin.md): skopeo/umoci/squashfs-tools mirror an image into
 # the cache, charliecloud + squashfuse run it unprivileged, docker-registry + apache2-utils (htpasswd)
 # serve the dev cluster's registry; python3-lark/python3-requests are charliecloud's (ch-image) needs.
-# glusterfs-server/-client: shared storage with root squash (devcluster.py up --shared gluster, the tests).
 pkgs=(slurm-wlm slurmdbd munge mariadb-server python3-venv python3-dev bubblewrap openssh-server
       util-linux procps iproute2 passwd
       skopeo umoci charliecloud squashfs-tools squashfuse docker-registry apache2-utils python3-lark
-      python3-requests glusterfs-server glusterfs-client)
+      python3-requests)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -29,6 +28,23 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# GlusterFS (server + FUSE client): shared storage with root squash, for `devcluster.py up --shared gluster`
+# and tests/integration/test_root_squash.py. Optional: installed where the Debian release carries it
+# (the Slurm release roots of devcluster/releases.py are other releases, whose tests do not use it).
+optional=()
+for p in glusterfs-server glusterfs-client; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || optional+=("$p")
+done
+if [ "${#optional[@]}" -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  [ "${#missing[@]}" -gt 0 ] || apt-get update -qq
+  if apt-cache show "${optional[@]}" >/dev/null 2>&1; then
+    say "apt-get install ${optional[*]}"
+    apt-get install -y -qq --no-install-recommends "${optional[@]}" >/dev/null
+  else
+    say "not installing ${optional[*]}: this Debian release does not carry them"
+  fi
 fi
 
 # Debian's python3 (not a per-user pyenv): job users on compute nodes must be able to run it.
