@@ -39,7 +39,9 @@ done
 if [ "${#optional[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   [ "${#missing[@]}" -gt 0 ] || apt-get update -qq
-  if apt-cache show "${optional[@]}" >/dev/null 2>&1; then
+  carried=1
+  for p in "${optional[@]}"; do apt-cache show "$p" >/dev/null 2>&1 || carried=0; done  # one name at a time:
+  if [ "$carried" = 1 ]; then  # given several, apt-cache show succeeds when any one exists
     say "apt-get install ${optional[*]}"
     apt-get install -y -qq --no-install-recommends "${optional[@]}" >/dev/null
   else
