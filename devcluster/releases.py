@@ -297,7 +297,9 @@ def test(suite: str, pytest_args: list[str], allow_known_gaps: bool = False,
     # any yet) are a stopped run's leftovers and are cancelled too.
     script = f"""set -u
 # No torch image in a release root: its python has no CPU wheel here, and these tests run no example.
-BT_DEVCLUSTER_TORCH_IMAGE=0 /usr/bin/python3 {dc} up || exit 90
+# Exported: tests bring the cluster back up with devcluster.py up themselves (test_lifecycle.py).
+export BT_DEVCLUSTER_TORCH_IMAGE=0
+/usr/bin/python3 {dc} up || exit 90
 stale=$(squeue -h -o %A)
 if [ -n "$stale" ]; then
   echo "releases: cancelling jobs left by an earlier run: $(echo $stale)"
