@@ -331,13 +331,10 @@ def probe_mariadb_socket() -> Path:
 # --------------------------------------------------------------------------------------------- steps
 
 
-def ensure_packages() -> None:
-    missing = [b for b in REQUIRED_BINARIES if not os.access(b, os.X_OK)]
-    if not missing:
-        return
-    step(f"packages: installing {' '.join(PACKAGES)} (missing {', '.join(missing)})")
+def apt_install(packages: list[str], *, recommends: bool = True) -> None:
+    """``apt-get update`` and ``install`` with package scripts kept from starting services."""
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    # No systemd: keep package scripts from starting munge/mariadb themselves (we start them by PID).
+    # No systemd: keep package scripts from starting munge/mariadb/glusterd themselves (we start them by PID).
     policy = Path("/usr/sbin/policy-rc.d")
     created_policy = False
     if not policy.exists():
@@ -346,10 +343,19 @@ def ensure_packages() -> None:
         created_policy = True
     try:
         run(["apt-get", "update"], timeout=600, env=env)
-        run(["apt-get", "install", "-y", *PACKAGES], timeout=1200, env=env)
+        run(["apt-get", "install", "-y", *([] if recommends else ["--no-install-recommends"]), *packages],
+            timeout=1200, env=env)
     finally:
         if created_policy:
             policy.unlink(missing_ok=True)
+
+
+def ensure_packages() -> None:
+    missing = [b for b in REQUIRED_BINARIES if not os.access(b, os.X_OK)]
+    if not missing:
+        return
+    step(f"packages: installing {' '.join(PACKAGES)} (missing {', '.join(missing)})")
+    apt_install(PACKAGES)
     still = [b for b in REQUIRED_BINARIES if not os.access(b, os.X_OK)]
     if still:
         raise Failure(f"packages: still missing after install: {', '.join(still)}")
@@ -894,7 +900,10 @@ def _gluster(*args: str, check: bool = True, timeout: float = 60) -> subprocess.
 
 
 def _root_squashed(folder: Path) -> bool:
-    """True when root cannot create an entry in the root-owned 0755 ``folder`` (it acts as nobody)."""
+    """True when root cannot create an entry in the root-owned 0755 ``folder`` (it acts as nobody).
+
+    The stdlib twin of ``slurm_bt.cli.admin_cmd.squashed_as``: this script runs before slurm-bt's venv
+    exists, so it cannot import it."""
     probe = folder / f".devcluster-squash-probe-{os.getpid()}"
     try:
         fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -909,9 +918,7 @@ def _ensure_gluster_packages() -> None:
     if shutil.which("glusterd") and shutil.which("mount.glusterfs"):
         return
     step(f"packages: installing {' '.join(GLUSTER_PACKAGES)}")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    run(["apt-get", "update"], timeout=600, env=env)
-    run(["apt-get", "install", "-y", "--no-install-recommends", *GLUSTER_PACKAGES], timeout=1200, env=env)
+    apt_install(GLUSTER_PACKAGES, recommends=False)
 
 
 def ensure_shared(mode: str) -> None:

@@ -149,23 +149,41 @@ def _umoci_add_layer(layout: Path, tag: str, new_tag: str, fill: object) -> None
         _run(["umoci", "repack", "--image", f"{layout}:{new_tag}", str(bundle)])
 
 
+def _build_once(final: Path, complete: str, build: object) -> Path:
+    """``final``, built by ``build(dest)`` unless ``final/complete`` exists already.
+
+    ``build`` creates ``dest`` under a temp name in ``final``'s folder, which is then renamed into
+    place: a killed builder leaves nothing that is ever used, and a builder that loses the race to
+    another uses the winner's. The cache is read by the test users' jobs and written by root only.
+    """
+    if (final / complete).exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(final.parent, 0o755)  # noqa: S103 - see the docstring
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
+    try:
+        dest = tmp / "out"
+        build(dest)  # type: ignore[operator]
+        os.chmod(dest, 0o755)  # noqa: S103 - see the docstring
+        try:
+            os.rename(dest, final)
+        except OSError:  # another builder won the race: use theirs
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
 def base_layout(cache_root: Path = CACHE_ROOT) -> Path:
     """The cached OCI layout holding tag ``base``: one layer with :func:`build_rootfs`'s files.
 
-    Built once per host python version; a half-built one (killed builder) is never used, because the
-    layout is built under a temp name and renamed into place.
+    Built once per host python version (:func:`_build_once`).
     """
     host = os.stat(os.path.realpath("/usr/bin/python3"))
     key = hashlib.sha256(f"{_host_python()}|{host.st_size}|{host.st_mtime_ns}|{sorted(BASE_TOOLS)}|v3".encode()
                          ).hexdigest()[:16]
-    final = cache_root / f"base-{key}"
-    if (final / "index.json").is_file():
-        return final
-    cache_root.mkdir(parents=True, exist_ok=True)
-    os.chmod(cache_root, 0o755)  # noqa: S103 - read by the test users' jobs; written by root only
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_root))
-    try:
-        layout = tmp / "layout"
+
+    def build(layout: Path) -> None:
         _run(["umoci", "init", "--layout", str(layout)])
         _run(["umoci", "new", "--image", f"{layout}:base"])
 
@@ -178,14 +196,8 @@ def base_layout(cache_root: Path = CACHE_ROOT) -> Path:
               "PATH=/usr/local/bin:/usr/bin:/bin", "--config.cmd", "/bin/bash", "--os", "linux",
               "--architecture", "amd64"])
         _run(["umoci", "gc", "--layout", str(layout)])
-        os.chmod(layout, 0o755)  # noqa: S103 - as above
-        try:
-            os.rename(layout, final)
-        except OSError:  # another builder won the race: use theirs
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    return _build_once(cache_root / f"base-{key}", "index.json", build)
 
 
 def derive(base: Path, dest: Path, tag: str, files: dict[str, bytes], *, remove: tuple[str, ...] = (),
@@ -229,18 +241,8 @@ def _pip_venv(cache_root: Path) -> Path:
     The image runs the host's /usr/bin/python3, so wheels must match its version and ABI: pip of a venv
     made from that very interpreter picks them (and honours the machine's pip configuration: its index,
     find-links and constraints)."""
-    venv = cache_root / f"pip-venv-{_host_python()}"
-    if not (venv / "bin" / "python").exists():
-        tmp = Path(tempfile.mkdtemp(prefix=".venv-", dir=cache_root))
-        try:
-            _run(["/usr/bin/python3", "-m", "venv", str(tmp / "v")], timeout=300)
-            try:
-                os.rename(tmp / "v", venv)
-            except OSError:  # another builder made it first
-                pass
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return venv
+    return _build_once(cache_root / f"pip-venv-{_host_python()}", "bin/python",
+                       lambda dest: _run(["/usr/bin/python3", "-m", "venv", str(dest)], timeout=300))
 
 
 def _install_pip_packages(rootfs: Path, packages: list[str], cache_root: Path) -> None:
@@ -269,11 +271,6 @@ def _install_pip_packages(rootfs: Path, packages: list[str], cache_root: Path) -
             _copy_host_file(lib, rootfs)
 
 
-def _copy_tree(src: Path, rootfs: Path) -> None:
-    """``src``'s tree laid over the image root (``--from DIR``: DIR/etc/x becomes /etc/x)."""
-    shutil.copytree(src, rootfs, symlinks=True, dirs_exist_ok=True)
-
-
 def _tree_digest(src: Path | None) -> str:
     h = hashlib.sha256()
     if src is None:
@@ -295,30 +292,20 @@ def python_image(packages: list[str], from_dir: Path | None = None, cache_root: 
     killed build is never used and a second call is a lookup."""
     base = base_layout(cache_root)
     key = hashlib.sha256(f"{base.name}|{sorted(packages)}|{_tree_digest(from_dir)}|v1".encode()).hexdigest()[:16]
-    final = cache_root / f"image-{key}"
-    if (final / "index.json").is_file():
-        return final
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_root))
-    try:
-        layout = tmp / "layout"
+
+    def build(layout: Path) -> None:
         shutil.copytree(base, layout, symlinks=True)
 
         def fill(rootfs: Path) -> None:
             if packages:
                 _install_pip_packages(rootfs, packages, cache_root)
-            if from_dir is not None:
-                _copy_tree(from_dir, rootfs)
+            if from_dir is not None:  # --from DIR: DIR/etc/x becomes /etc/x
+                shutil.copytree(from_dir, rootfs, symlinks=True, dirs_exist_ok=True)
 
         _umoci_add_layer(layout, "base", "image", fill)
         _run(["umoci", "gc", "--layout", str(layout)])
-        os.chmod(layout, 0o755)  # noqa: S103 - as in base_layout
-        try:
-            os.rename(layout, final)
-        except OSError:
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    return _build_once(cache_root / f"image-{key}", "index.json", build)
 
 
 def add_tag(layout: Path, base_tag: str, tag: str, files: dict[str, bytes]) -> None:

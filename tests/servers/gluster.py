@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from slurm_bt.cli.admin_cmd import squashed_as
+
 
 def _gluster(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(["gluster", "--mode=script", *args], capture_output=True, text=True, timeout=120)
@@ -36,14 +38,9 @@ def _wait(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 
 def root_can_create(folder: Path) -> bool:
-    """True when root may create an entry in the root-owned ``folder`` (root is not squashed)."""
-    probe = folder / f".probe-{uuid.uuid4().hex[:8]}"
-    try:
-        probe.touch(exist_ok=False)
-    except PermissionError:
-        return False
-    probe.unlink()
-    return True
+    """True when root may create an entry in the root-owned ``folder`` as root (root is not squashed):
+    the probe ``slurm-bt admin doctor`` uses."""
+    return squashed_as(str(folder)) is None
 
 
 class SquashedVolume:
@@ -64,7 +61,10 @@ class SquashedVolume:
     def layout(self, dirs: dict[str, int]) -> None:
         """Create ``dirs`` (relative path → mode) owned by root, with root squash off meanwhile."""
         self.set_squash(False)
-        _wait(lambda: root_can_create(self.mount), 30, f"root squash off on {self.name}")
+        # Probe a root-owned 0755 directory: in a 1777 one (the mount once laid out) squashed root may
+        # create too, as nobody, and the wait would end before the squash is off.
+        probe = self._probe_dir if self._probe_dir.is_dir() else self.mount
+        _wait(lambda: root_can_create(probe), 30, f"root squash off on {self.name}")
         for rel, mode in {".squash-probe": 0o755, **dirs}.items():
             p = self.mount / rel
             p.mkdir(parents=True, exist_ok=True)
