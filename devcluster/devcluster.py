@@ -884,15 +884,70 @@ def shared_mode(requested: str | None = None) -> str:
     return mode if mode in SHARED_MODES else "local"
 
 
-def _shared_layout() -> None:
+def _shared_layout(identity: str | None = None) -> None:
+    """What `slurm-bt admin install` creates on the shared filesystem (its `shared_layout`), for the dev site.
+
+    ``identity``: the gluster mode's ``shared_fs_identity``, which owns the teams/ directories the prolog
+    creates team directories in (root is squashed there); else root owns them."""
+    owner = identity or "root"
     mkdir(SHARED, 0o1777)
     # Root of the project/team caches: root-owned so that only the prolog creates team directories
-    # (2770 root:<group>) in it; see docs/admin.md.
+    # (2770 <owner>:<group>) in it; see docs/admin.md.
     mkdir(SHARED / "cache", 0o755)
+    mkdir(SHARED / "cache" / "teams", 0o755, owner, "root")
+    # The weights and images cluster cache (site default <shared>/weights): root's, its shared tier root's,
+    # teams/ the layout owner's (the staging job's prolog creates teams/<team> in it).
+    mkdir(SHARED / "weights", 0o755)
+    mkdir(SHARED / "weights" / "shared", 0o755)
+    mkdir(SHARED / "weights" / "teams", 0o755, owner, "root")
     # The dev site's file:// checkpoint store (docs/checkpoints.md): created by the admin, root-owned 1777,
     # as `admin doctor` and the prepare step require. Left to the first job, it would belong to that user
     # and every later job would be refused ("is owned by another user, not root").
     mkdir(SHARED / "checkpoints", 0o1777)
+    # Its team namespaces (docs/checkpoints.md): the prolog creates _teams/<team> as the layout owner.
+    mkdir(SHARED / "checkpoints" / "_teams", 0o755, owner, "root")
+
+
+# The gluster mode's shared_fs_identity (docs/admin.md "Root-squashed shared filesystems"): a system account
+# in every team group that creates team directories where root cannot. `up --shared gluster` creates it, adds
+# it to every group of a regular user (gid 1000-59999; tests add it to the groups they create) and names it in
+# /etc/slurm-bt/hooks.toml; `up --shared local` removes that hooks.toml again (root creates them).
+SHARED_IDENTITY = "slurmbt"
+HOOKS_FILE = Path("/etc/slurm-bt/hooks.toml")
+HOOKS_MARKER = "# managed by devcluster/devcluster.py (shared mode gluster): delete this line to keep your own edits"
+
+
+def ensure_shared_identity() -> None:
+    try:
+        pwd.getpwnam(SHARED_IDENTITY)
+    except KeyError:
+        run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SHARED_IDENTITY])
+        step(f"shared: created the service account {SHARED_IDENTITY} (shared_fs_identity)")
+    teams = sorted(g.gr_name for g in grp.getgrall() if 1000 <= g.gr_gid < 60000)
+    if teams:
+        run(["usermod", "-aG", ",".join(teams), SHARED_IDENTITY])
+
+
+def ensure_hooks_file(mode: str) -> None:
+    mine = HOOKS_FILE.exists() and HOOKS_FILE.read_text(errors="replace").startswith(HOOKS_MARKER)
+    if HOOKS_FILE.exists() and not mine:
+        step(f"hooks: {HOOKS_FILE} is the admin's (no marker line): left as it is")
+        return
+    if mode != "gluster":
+        if mine:
+            HOOKS_FILE.unlink()
+            step(f"hooks: removed {HOOKS_FILE} (root creates team directories on the local shared directory)")
+        return
+    text = (f"{HOOKS_MARKER}\n# The shared filesystem squashes root: team directories are created as this account.\n"
+            f'shared_fs_identity = "{SHARED_IDENTITY}"\n')
+    if mine and HOOKS_FILE.read_text(errors="replace") == text:
+        return
+    mkdir(HOOKS_FILE.parent, 0o755)
+    tmp = HOOKS_FILE.with_name(f".hooks.toml.{os.getpid()}")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, HOOKS_FILE)
+    step(f"hooks: {HOOKS_FILE}: shared_fs_identity = {SHARED_IDENTITY}")
 
 
 def _gluster(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -951,9 +1006,11 @@ def ensure_shared(mode: str) -> None:
         run(["mount", "-t", "glusterfs", f"127.0.0.1:/{GLUSTER_VOLUME}", str(SHARED)], timeout=60)
         step(f"shared: mounted GlusterFS {GLUSTER_VOLUME} at {SHARED}")
 
+    ensure_shared_identity()
+
     def layout_made() -> bool:  # the option reaches the brick within a moment, not at once
         try:
-            _shared_layout()
+            _shared_layout(SHARED_IDENTITY)
             return True
         except PermissionError:
             return False
@@ -1233,6 +1290,7 @@ def cmd_up(shared: str | None = None) -> int:
     devices_changed = ensure_dirs()
     mode = shared_mode(shared)
     ensure_shared(mode)
+    ensure_hooks_file(mode)
     pw = db_password()
     slurm_changed, dbd_changed = write_configs(pw, rel)
     if devices_changed:

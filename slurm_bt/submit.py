@@ -162,10 +162,14 @@ def submit_project(
         nodes = read_node_sizes(SlurmClient(runner or SubprocessRunner(), environ=environ),
                                 partition=sbatch_partition(sbatch_args))
     spec = prepare_submission(project, config_path=config_path, source=source, site=site, nodes=nodes)
+    team: str | None = None
     if spec.load_checkpoint.enabled:  # pin LoadCheckpointConfig now: "latest" moves (docs/checkpoints.md)
         from slurm_bt.checkpoints.resolve import resolve_load_checkpoints
 
-        spec = resolve_load_checkpoints(spec, workspace=user_path(site.storage.workspace))
+        # A project name belongs to a team: from_latest_checkpoint(project_name=...) means the project of
+        # the team the job runs for, the one the prolog resolves on the nodes (and the weights cache's).
+        team = _submit_team(sbatch_args, dry_run=dry_run)
+        spec = resolve_load_checkpoints(spec, workspace=user_path(site.storage.workspace), team=team)
     store = SecretStore(Path(user_path(site.storage.secrets)))
     _check_secrets(spec, store)
     # -- images: pin the image to its platform manifest digest now (as the user, with its DockerAuth);
@@ -184,11 +188,8 @@ def submit_project(
     # -- weights (slurm_bt.weights.plan): pin every source now (listings only); a bad source fails
     # the submission here with exit 2 naming job.weights[i].source.
     weights_plan = None
-    team: str | None = None
-    if spec.weights or spec.image_pin is not None:
-        from slurm_bt.weights.plan import team_for_user
-
-        team = team_for_user(sbatch_args)
+    if team is None and (spec.weights or spec.image_pin is not None):
+        team = _submit_team(sbatch_args, dry_run=False)
     if spec.weights:
         from slurm_bt.weights.plan import plan_weights
 
@@ -253,6 +254,19 @@ def submit_project(
     result.staging_job_id = staging_id
     result.record_path = str(write_record(workspace, record))
     return result
+
+
+def _submit_team(sbatch_args: Sequence[str], *, dry_run: bool) -> str:
+    """The slug of the team the job runs for (``weights.plan.team_for_user``).
+
+    A dry run does not ask Slurm for the default account (``sacctmgr``): without ``--account`` it
+    uses the user's primary group, as :func:`_dry_run_checks` says for weights.
+    """
+    from slurm_bt.weights.plan import team_for_user
+
+    if not dry_run:
+        return team_for_user(sbatch_args)
+    return team_for_user(sbatch_args, account_lookup=lambda: None)
 
 
 def _dry_run_checks(spec: JobSpec, project: TrainingProject, site: SiteSettings, store: SecretStore,

@@ -17,11 +17,15 @@ piece                   runs on / as                    does
 :mod:`.download`        prepare step, as the user       pinned files → ``BT_LOAD_CHECKPOINT_DIR``
 ======================  ==============================  ============================================
 
-Store layout (a ``file://``, ``s3://``, ``r2://`` or ``gs://`` URI from the site config)::
+Store layout (a ``file://``, ``s3://``, ``r2://`` or ``gs://`` URI from the site config), in the
+namespace of the job's team (:mod:`.locations`; a project name belongs to a team)::
 
-    <store>/<project_id>/<job_id>/index.json                      merged view (all ranks)
-    <store>/<project_id>/<job_id>/ranks/rank-<n>.json             authoritative, one writer each
-    <store>/<project_id>/<job_id>/rank-<n>/<checkpoint>/<files>   content
+    <store>/_teams/<team>/<project_id>/<job_id>/index.json                      merged view (all ranks)
+    <store>/_teams/<team>/<project_id>/<job_id>/ranks/rank-<n>.json             authoritative, one writer each
+    <store>/_teams/<team>/<project_id>/<job_id>/rank-<n>/<checkpoint>/<files>   content
+
+Stores written before team namespaces keep ``<store>/<project_id>/<job_id>/...``: read (loads, the
+CLI, a restart's resume fall back to it), never written (docs/checkpoints.md, "Migrating a store").
 
 Importing this package imports no storage client; object stores load theirs on first use (slurm_bt/storage).
 """

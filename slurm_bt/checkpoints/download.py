@@ -25,6 +25,7 @@ from slurm_bt.checkpoints.resolve import open_user_store, safe_relpath
 from slurm_bt.errors import StorageError
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.job_paths import job_layout
+from slurm_bt.posix.teams import is_team_slug
 
 __all__ = ["VERIFIED_NAME", "download_manifests", "download_pinned", "host_load_dir"]
 
@@ -70,6 +71,11 @@ def download_manifests(storage: dict[str, str], pinned: list[dict[str, Any]], de
             name = str(res["checkpoint_name"])
             if not valid_checkpoint_name(name):
                 raise StorageError(name, "unsafe checkpoint name in the pinned manifest")
+            # Where resolve found the job: a team namespace, or (None, or a manifest pinned before team
+            # namespaces) the legacy location. job.json is the user's: the value is checked, not trusted.
+            team = res.get("team")
+            if team is not None and not (isinstance(team, str) and is_team_slug(team)):
+                raise StorageError(repr(team), "unsafe team in the pinned manifest")
             for rank_s, files in sorted(res["ranks"].items()):
                 target = dest_root / f"rank-{int(rank_s)}" / name
                 manifest = hashlib.sha256(json.dumps([res["job_id"], files]).encode()).hexdigest()
@@ -86,7 +92,8 @@ def download_manifests(storage: dict[str, str], pinned: list[dict[str, Any]], de
                         local = None
                     if local is None:
                         raise StorageError(str(path), "unsafe path in the pinned manifest")
-                    key = file_key(str(res["project_id"]), str(res["job_id"]), int(rank_s), name, str(path))
+                    key = file_key(str(res["project_id"]), str(res["job_id"]), int(rank_s), name, str(path),
+                                   team=team)
                     store.download_file(key, target / local, size=int(size), sha256=str(sha))
                     count += 1
                 target.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.checkpoints.locations import handoff_root, host_checkpoint_dir, is_shared_fs, scratch_checkpoint_dir
 from slurm_bt.checkpoints.scan import CompletionTracker
-from slurm_bt.checkpoints.store import credentials_for, open_store, team_gid
+from slurm_bt.checkpoints.store import credentials_for, open_store, team_group
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader
 from slurm_bt.errors import BtError, DeadlineExceeded, StorageError
 from slurm_bt.job_spec import JOB_SPEC_MAX_BYTES, JobSpec, read_job_spec
@@ -104,17 +104,24 @@ def read_spec(path: str | Path) -> JobSpec:
 
 def build_uploader(spec: JobSpec, *, job_id: str, rank: int, checkpoint_dir: Path, account: str | None = None,
                    quiet_s: float | None = None) -> RankUploader:
-    """A :class:`RankUploader` for this process's user (credentials from the user's secret store)."""
+    """A :class:`RankUploader` for this process's user (credentials from the user's secret store).
+
+    ``account``: the team group the root prolog resolved (:func:`prolog_team`), else the job's Slurm
+    account; it decides the team namespace ``_teams/<team>/`` the checkpoints go to and, for a
+    ``file://`` store, the group they are shared with (:func:`~slurm_bt.checkpoints.store.team_group`).
+    Never a value from the job's own files: the job spec is the user's.
+    """
     from slurm_bt.checkpoints.locations import parse_store_uri
 
     uri = parse_store_uri(spec.storage["checkpoint_store"])
     pw = pwd.getpwuid(os.getuid())
     secrets_root = expand_path(spec.storage["secrets"], user=pw.pw_name, uid=pw.pw_uid, home=pw.pw_dir)
-    store = open_store(uri, credentials=credentials_for(uri, secrets_root), gid=team_gid(account))
+    team, gid = team_group(account)
+    store = open_store(uri, credentials=credentials_for(uri, secrets_root), gid=gid)
     # A shared BT_CHECKPOINT_DIR (same directory on every node) is one copy: rank 0 uploads it alone.
     group = 1 if spec.nodes > 1 and is_shared_fs(checkpoint_dir) else spec.nodes
     ident = JobIdentity(project_name=spec.project_name, project_id=spec.project_id, job_id=job_id,
-                        user=spec.context.user, rank=rank, group_size=group)
+                        user=spec.context.user, rank=rank, group_size=group, team=team)
     if quiet_s is None:
         quiet_s = float(os.environ.get("BT_CHECKPOINT_QUIET_S", "120"))
     return RankUploader(store=store, ident=ident, checkpoint_dir=checkpoint_dir,
@@ -242,7 +249,10 @@ def _upload_all(env: dict[str, str], job_id: str, node: str | None, budget_s: fl
             write_state(ckpt_dir, spec_path=spec_path, job_id=job_id, rank=rank, node=node)
         except OSError:
             pass
-    uploader = build_uploader(spec, job_id=job_id, rank=rank, checkpoint_dir=ckpt_dir, account=team)
+    # The same team as the job's own uploader (slurm_bt.steps.checkpoint_agent): the prolog's, else the
+    # Slurm account, so every pass of the job writes one namespace, _teams/<team>/.
+    uploader = build_uploader(spec, job_id=job_id, rank=rank, checkpoint_dir=ckpt_dir,
+                              account=team or env.get("SLURM_JOB_ACCOUNT"))
     try:
         done = uploader.run_once(final=True, deadline=time.monotonic() + budget_s)
         # Everything of this node is in the store: its last pass is done (the rank-0-only rule of
@@ -403,7 +413,8 @@ def _handoff(env: Mapping[str, str], job_id: str, node: str | None, uid: int, gi
                 pass  # checkpoints outside scratch (checkpoint_path) are not deleted with it
             record = {"job_id": job_id, "node": node, "uid": uid, "gid": gid, "user": env.get("SLURM_JOB_USER"),
                       "moved": moved, "source": None if moved else str(src), "reason": why, "team": team,
-                      "created": time.time(), "work_dir": env.get("SLURM_JOB_WORK_DIR")}
+                      "account": env.get("SLURM_JOB_ACCOUNT"), "created": time.time(),
+                      "work_dir": env.get("SLURM_JOB_WORK_DIR")}
             data = json.dumps(record).encode()
             tmp = f".handoff.json.tmp-{os.getpid()}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=efd)

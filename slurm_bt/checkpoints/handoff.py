@@ -1,7 +1,7 @@
 """Finish handed-off checkpoints: ``slurm-bt checkpoints resume-handoffs`` (root, or a sweeper).
 
 Each entry of the hand-off area (``<node storage>/checkpoint-handoff/<job>.<node>/``, root-owned
-``0711``) holds ``handoff.json`` (root-written: job, node, uid, gid, team) and ``data/`` (the job's
+``0711``) holds ``handoff.json`` (root-written: job, node, uid, gid, team, account) and ``data/`` (the job's
 checkpoint directory, still owned by the user). The upload runs in a child dropped to that uid,
 with the user's own store credentials and the team the prolog resolved, exactly like the epilog's
 flush; afterwards the entry is deleted (:func:`~slurm_bt.posix.safefs.remove_tree_at`: never
@@ -146,7 +146,9 @@ def _resume_one(data_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
     if str(state.get("job_id")) != str(record.get("job_id")):
         raise StorageError(str(data_dir), "state file names another job")
     spec = read_spec(str(state["spec_path"]))
-    team = record.get("team") if isinstance(record.get("team"), str) else None
+    # The team the prolog resolved, else the job's Slurm account (both root-recorded), as the job's own
+    # uploader chose them: the hand-off completes the same namespace _teams/<team>/.
+    team = next((v for v in (record.get("team"), record.get("account")) if isinstance(v, str) and v), None)
     uploader = build_uploader(spec, job_id=str(record["job_id"]), rank=int(state["rank"]), checkpoint_dir=data_dir,
                               account=team)
     try:

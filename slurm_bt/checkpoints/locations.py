@@ -10,6 +10,17 @@ Store URI (``storage.checkpoint_store`` in the site config), parsed by
     s3://bucket/prefix?endpoint_url=http://127.0.0.1:8333&region=us-east-1&secret=ckpt-store
     r2://<account_id>.<bucket>/prefix?secret=ckpt-store
     gs://bucket/prefix?secret=ckpt-store-gcs&endpoint_url=http://127.0.0.1:4443
+
+Keys (docs/checkpoints.md, "Where things are")::
+
+    _teams/<team>/<project_id>/<job_id>/...     every upload: the project name belongs to the team
+    <project_id>/<job_id>/...                   legacy (before team namespaces): read, never written
+
+``<team>`` is the team's slug (:func:`slurm_bt.posix.teams.team_slug` of its Unix group), the same
+spelling as the weights cache's ``teams/<team>``. A legacy project called ``_teams`` is never read
+(the prolog refuses project ids that do not start with a letter or a digit), so the two layouts
+never collide. Every key function takes ``team``: a slug for a team namespace, ``None`` for the
+legacy location, and no default, so no caller writes to the legacy location by omission.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import re
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.node.job_paths import CHECKPOINT_REL, HANDOFF_RECORDS_DIR, job_layout
 from slurm_bt.posix.mountinfo import MOUNTINFO, filesystem_type
+from slurm_bt.posix.teams import is_team_slug
 from slurm_bt.site.settings import expand_path
 from slurm_bt.storage.url import StoreUrl, parse_store_url
 
@@ -28,6 +40,7 @@ __all__ = [
     "CHECKPOINT_REL",
     "HANDOFF_RECORDS_DIR",
     "MARKER_NAMES",
+    "TEAMS_DIR",
     "checkpoint_key",
     "file_key",
     "handoff_root",
@@ -36,6 +49,7 @@ __all__ = [
     "is_shared_fs",
     "job_prefix",
     "parse_store_uri",
+    "project_prefix",
     "rank_index_key",
     "scratch_checkpoint_dir",
     "valid_checkpoint_name",
@@ -68,29 +82,47 @@ def parse_store_uri(uri: str) -> StoreUrl:
     return parse_store_url(uri)
 
 
-def job_prefix(project_id: str, job_id: str) -> str:
-    """``<project_id>/<job_id>``: everything one job stored."""
-    return f"{project_id}/{job_id}"
+TEAMS_DIR = "_teams"
+"""The top-level directory (key prefix) of the team namespaces: ``_teams/<team>/<project_id>/...``."""
 
 
-def index_key(project_id: str, job_id: str) -> str:
+def project_prefix(project_id: str, *, team: str | None) -> str:
+    """``_teams/<team>/<project_id>``, or the legacy ``<project_id>`` when ``team`` is None.
+
+    Raises:
+        ValueError: ``team`` is not a team slug (a value from a user-writable file, e.g. a pinned
+            manifest, that could otherwise name ``..`` or another level).
+    """
+    if team is None:
+        return project_id
+    if not is_team_slug(team):
+        raise ValueError(f"invalid team name {team!r}")
+    return f"{TEAMS_DIR}/{team}/{project_id}"
+
+
+def job_prefix(project_id: str, job_id: str, *, team: str | None) -> str:
+    """``<project prefix>/<job_id>``: everything one job stored (:func:`project_prefix`)."""
+    return f"{project_prefix(project_id, team=team)}/{job_id}"
+
+
+def index_key(project_id: str, job_id: str, *, team: str | None) -> str:
     """The merged per-job index."""
-    return f"{job_prefix(project_id, job_id)}/index.json"
+    return f"{job_prefix(project_id, job_id, team=team)}/index.json"
 
 
-def rank_index_key(project_id: str, job_id: str, rank: int) -> str:
+def rank_index_key(project_id: str, job_id: str, rank: int, *, team: str | None) -> str:
     """One rank's authoritative index part (single writer: that rank's uploader)."""
-    return f"{job_prefix(project_id, job_id)}/ranks/rank-{rank}.json"
+    return f"{job_prefix(project_id, job_id, team=team)}/ranks/rank-{rank}.json"
 
 
-def checkpoint_key(project_id: str, job_id: str, rank: int, checkpoint: str) -> str:
+def checkpoint_key(project_id: str, job_id: str, rank: int, checkpoint: str, *, team: str | None) -> str:
     """Where one rank's copy of a checkpoint lives: mirrors ``<download_folder>/rank-<n>/<name>``."""
-    return f"{job_prefix(project_id, job_id)}/rank-{rank}/{checkpoint}"
+    return f"{job_prefix(project_id, job_id, team=team)}/rank-{rank}/{checkpoint}"
 
 
-def file_key(project_id: str, job_id: str, rank: int, checkpoint: str, relpath: str) -> str:
+def file_key(project_id: str, job_id: str, rank: int, checkpoint: str, relpath: str, *, team: str | None) -> str:
     """The object key of one file of a checkpoint."""
-    return f"{checkpoint_key(project_id, job_id, rank, checkpoint)}/{relpath}"
+    return f"{checkpoint_key(project_id, job_id, rank, checkpoint, team=team)}/{relpath}"
 
 
 def host_checkpoint_dir(spec: JobSpec, job_id: str, node: str | None) -> str | None:

@@ -2,8 +2,8 @@
 
 Slurm requeues a job (same job id) after a time limit, a preemption or a node failure; the batch
 script runs again with ``SLURM_RESTART_COUNT`` > 0 (exported as ``BT_RETRY_COUNT``). The checkpoints
-the earlier runs uploaded are in the store under the same ``<project>/<job id>``, so before the start
-commands run, the prepare step (:mod:`slurm_bt.steps.prepare`, every node, as the user) resolves the
+the earlier runs uploaded are in the store under the same ``_teams/<team>/<project>/<job id>``, so
+before the start commands run, the prepare step (:mod:`slurm_bt.steps.prepare`, every node, as the user) resolves the
 job's newest *complete* checkpoint (:mod:`.index`) **at that moment** and downloads it, sha256-verified,
 into ``BT_LOAD_CHECKPOINT_DIR`` in upstream's layout ``rank-<n>/<checkpoint>/<files>``. Training code
 resumes by reading that directory: the same code that works for ``LoadCheckpointConfig`` on Baseten.
@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_bt.checkpoints.download import download_manifests
-from slurm_bt.checkpoints.resolve import open_user_store, pin, read_trusted_index
+from slurm_bt.checkpoints.resolve import locate_index, open_user_store, pin
+from slurm_bt.checkpoints.store import team_group
 from slurm_bt.job_spec import JobSpec
 
 __all__ = ["place_resume_checkpoint", "restart_count", "resume_or_load"]
@@ -39,22 +40,27 @@ def restart_count(environ: Mapping[str, str]) -> int:
     return int(raw) if raw.isdigit() else 0
 
 
-def place_resume_checkpoint(spec: JobSpec, job_id: str, dest_root: Path) -> str | None:
+def place_resume_checkpoint(spec: JobSpec, job_id: str, dest_root: Path, *, account: str | None) -> str | None:
     """Download the job's own newest complete checkpoint into ``dest_root``; its name, or None when there is none.
+
+    ``account``: the team group the prolog resolved, else the Slurm account, as the job's uploader
+    uses it (:func:`~slurm_bt.checkpoints.store.team_group`): the earlier runs uploaded into that
+    team's namespace; runs from before team namespaces, at the legacy location, are found too.
 
     Raises:
         UntrustedLocation: the job's store directory is not the user's (a squat).
         StorageError: the store cannot be read, or a download fails verification.
     """
+    team, _gid = team_group(account)
     store = open_user_store(spec.storage)
     try:
-        index = read_trusted_index(store, spec.project_id, job_id)
+        found = locate_index(store, spec.project_id, job_id, teams=(team,))
     finally:
         store.close()
-    view = index.latest() if index is not None else None
-    if index is None or view is None:
+    view = found.index.latest() if found is not None else None
+    if found is None or view is None:
         return None
-    download_manifests(spec.storage, [pin(index, view)], dest_root)
+    download_manifests(spec.storage, [pin(found.index, view, team=found.team)], dest_root)
     return view.name
 
 
@@ -62,15 +68,18 @@ def _say(node: str, message: str) -> None:
     print(f"slurm-bt prepare on {node}: {message}", file=sys.stderr, flush=True)
 
 
-def resume_or_load(spec: JobSpec, environ: Mapping[str, str], dest_root: Path) -> None:
-    """The prepare step's loading: the own newest checkpoint on a restart (when it applies), else the pinned ones."""
+def resume_or_load(spec: JobSpec, environ: Mapping[str, str], dest_root: Path, *, account: str | None = None) -> None:
+    """The prepare step's loading: the own newest checkpoint on a restart (when it applies), else the pinned ones.
+
+    ``account``: the job's team group from the prolog; without it, ``SLURM_JOB_ACCOUNT``.
+    """
     from slurm_bt.checkpoints.download import download_pinned
 
     job_id = environ["SLURM_JOB_ID"]
     node = environ.get("SLURMD_NODENAME", "?")
     runs = restart_count(environ)
     if spec.load_checkpoint.resume and runs > 0:
-        name = place_resume_checkpoint(spec, job_id, dest_root)
+        name = place_resume_checkpoint(spec, job_id, dest_root, account=account or environ.get("SLURM_JOB_ACCOUNT"))
         if name is not None:
             _say(node, f"restart {runs}: resuming from checkpoint {name!r} of this job "
                        f"(in $BT_LOAD_CHECKPOINT_DIR/rank-<n>/{name})")

@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Protocol
 
 from slurm_bt.atomic import atomic_output
-from slurm_bt.checkpoints.locations import parse_store_uri
+from slurm_bt.checkpoints.locations import TEAMS_DIR, parse_store_uri, project_prefix
 from slurm_bt.errors import StorageError, UntrustedLocation
 from slurm_bt.posix.safefs import remove_tree_at, walk_dirs
+from slurm_bt.posix.teams import team_slug
 from slurm_bt.posix.user_files import read_fd_capped
 from slurm_bt.storage.checksums import CHUNK_BYTES, sha256_fd
 from slurm_bt.storage.credentials import Credentials
@@ -50,10 +51,12 @@ __all__ = [
     "CheckpointStore",
     "FileStore",
     "UploadResult",
+    "caller_teams",
     "check_upload_location",
     "credentials_for",
     "open_store",
     "team_gid",
+    "team_group",
 ]
 
 
@@ -91,12 +94,14 @@ class CheckpointStore(Protocol):
         ...
 
 
-def team_gid(account: str | None) -> int:
-    """The group that shares a user's checkpoints in a ``file://`` store.
+def team_group(account: str | None) -> tuple[str, int]:
+    """The team that shares a user's checkpoints: its slug (the namespace ``_teams/<slug>``) and its gid.
 
     ``account`` is the team group the root prolog resolved for the job (docs/admin.md §Teams) or,
     without the prolog, the Slurm account. It is used only if it names a Unix group the current user
-    belongs to (the kernel decides); otherwise the user's primary group.
+    belongs to (the kernel decides); otherwise the user's primary group. The slug is
+    :func:`slurm_bt.posix.teams.team_slug` of that group's name, the spelling the weights cache and
+    the resolver at submit (``weights.plan.team_for_user``) use for the same team.
     """
     pw = pwd.getpwuid(os.getuid())
     if account:
@@ -105,8 +110,23 @@ def team_gid(account: str | None) -> int:
         except KeyError:
             gr = None
         if gr is not None and (gr.gr_gid == pw.pw_gid or gr.gr_gid in os.getgroups() or pw.pw_name in gr.gr_mem):
-            return gr.gr_gid
-    return pw.pw_gid
+            return team_slug(gr.gr_name), gr.gr_gid
+    return team_slug(_group_name(pw.pw_gid)), pw.pw_gid
+
+
+def team_gid(account: str | None) -> int:
+    """The group that shares a user's checkpoints in a ``file://`` store (:func:`team_group`)."""
+    return team_group(account)[1]
+
+
+def caller_teams() -> list[str]:
+    """The slugs of every group the calling process is in (its own group first): the namespaces it may read."""
+    out: list[str] = []
+    for gid in (os.getegid(), *os.getgroups()):
+        slug = team_slug(_group_name(gid))
+        if slug not in out:
+            out.append(slug)
+    return out
 
 
 _DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -129,35 +149,79 @@ def _user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _layout_identity_uid() -> int | None:
+    """The uid of hooks.toml's ``shared_fs_identity``, or None (none named, or the file cannot be read).
+
+    Where the shared filesystem squashes root, the prolog creates the shared layout, ``_teams``
+    included, as this service identity (docs/admin.md, "Root-squashed shared filesystems"): only the
+    admin controls it, so it may own ``_teams`` as root may. hooks.toml is root-owned and only ever
+    read here (never a user's file).
+    """
+    from slurm_bt.site.hook_settings import HookConfigError, load_hook_settings
+
+    try:
+        name = load_hook_settings().shared_fs_identity
+    except (HookConfigError, OSError):
+        return None
+    if name is None:
+        return None
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
+
+
+def _in_group(gid: int) -> bool:
+    """Whether the caller may act for group ``gid`` (root may for any: it can read everything anyway)."""
+    return os.geteuid() == 0 or gid == os.getegid() or gid in os.getgroups()
+
+
 def _readable_project(st: os.stat_result) -> bool:
     """The read rule for a project directory: a team directory (:func:`is_team_dir`) of a team the caller is in.
 
     Root reads any team's (it can anyway); everybody else only their own teams', so a directory
     another user made under a project name never feeds their loads.
     """
-    mine = os.geteuid() == 0 or st.st_gid == os.getegid() or st.st_gid in os.getgroups()
-    return mine and is_team_dir(st, st.st_gid)
+    return _in_group(st.st_gid) and is_team_dir(st, st.st_gid)
+
+
+# What each component of a key is, from the top (FileStore._roles): the rule and the creation mode
+# depend on it, not on the depth alone, since the two layouts nest projects at different depths.
+_TEAMS, _TEAM, _PROJECT, _JOB, _BELOW = "teams", "team", "project", "job", "below"
 
 
 class FileStore:
     """A checkpoint store in a shared directory.
 
-    Permissions (the trust model for ``file://``, docs/checkpoints.md): the store root is admin-made
-    (``1777`` like ``/tmp``, or ``0755`` with pre-created project directories). A project directory
-    is created ``2770`` with the team group (:func:`team_gid`), so teammates can add jobs and nobody
-    else can even list it; job directories and everything below are ``2750`` / ``0640``: the team
-    reads, only the job's user writes.
+    Layout (:mod:`.locations`): ``<root>/_teams/<team>/<project>/<job>/...`` for every upload, and the
+    legacy ``<root>/<project>/<job>/...`` of stores written before team namespaces, still read.
+
+    Permissions (the trust model for ``file://``, docs/checkpoints.md): the store root and
+    ``<root>/_teams`` are admin-made (``1777`` like ``/tmp``, or ``0755`` with pre-created team
+    directories). A team directory ``_teams/<team>`` is ``2770`` with the team's group (made by the
+    root prolog or an admin, or by the team's first upload when ``_teams`` is ``1777``); a project
+    directory in it is created ``2770`` with the team group (:func:`team_gid`), so teammates can add
+    jobs and nobody else can even list it; job directories and everything below are ``2750`` /
+    ``0640``: the team reads, only the job's user writes. ``_teams`` itself is never created by a
+    user (its owner could rename every team's directory away): a missing one fails the upload with
+    the admin's command, or is created by root (an admin's upload, the tests) as ``install -d -m 1777``
+    would.
 
     Trust (why every access walks the path itself): the root is world-writable, so any user can
-    create a directory under any project name first, and teammates can rename job directories. So
-    each access opens the path one component at a time from the root, never following a symlink
-    (``O_NOFOLLOW`` relative to the parent's descriptor, so nothing can be swapped in between), and
-    uses a component only if it is exactly what slurm-bt would have created:
+    create a directory under any project or team name first, and teammates can rename job
+    directories. So each access opens the path one component at a time from the root, never
+    following a symlink (``O_NOFOLLOW`` relative to the parent's descriptor, so nothing can be
+    swapped in between), and uses a component only if it is exactly what slurm-bt would have created:
 
-    * project directory: the team-directory rule of the team weights tier
-      (:func:`slurm_bt.trusted_files.is_team_dir`): for a store opened for a team (``gid``: the
-      uploader, the flush) and for every write, of that team group; for other reads (loads, CLI),
-      of a team the reader belongs to;
+    * ``_teams``: like the root, a directory of root's (or of the root's owner, who could rename it
+      anyway, or of the site's shared-layout identity that the prolog acts as where root is
+      squashed), not writable by others unless sticky;
+    * team directory ``_teams/<team>``: a team directory (:func:`slurm_bt.trusted_files.is_team_dir`)
+      of the group whose slug is ``<team>``: for a store opened for a team (``gid``: the uploader, the
+      flush) and for every write, that team's group; for other reads, a group the reader is in;
+    * project directory: the team-directory rule of the team weights tier: for a store opened for a
+      team and for every write, of that team group; for other reads (loads, CLI), of a team the
+      reader belongs to;
     * job directory and everything below: owned by one user (for writes, the caller) and writable by
       nobody else; a file must be a regular file of that same user (never a FIFO, device or link).
 
@@ -171,6 +235,15 @@ class FileStore:
         self.uri = uri
         self.root = Path(uri.prefix)
         self._gid = gid
+        self._layout_uids: frozenset[int] | None = None
+
+    def _layout_owners(self, root_uid: int) -> frozenset[int]:
+        """Who may own ``_teams``: root, the store root's owner (it could rename ``_teams`` anyway) and
+        the site's shared-layout identity (:func:`_layout_identity_uid`), looked up once per store."""
+        if self._layout_uids is None:
+            identity = _layout_identity_uid()
+            self._layout_uids = frozenset({0, *(() if identity is None else (identity,))})
+        return self._layout_uids | {root_uid}
 
     def _parts(self, key: str) -> list[str]:
         parts = [p for p in key.split("/") if p]
@@ -180,6 +253,13 @@ class FileStore:
 
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*self._parts(key))
+
+    @staticmethod
+    def _roles(parts: list[str]) -> list[str]:
+        """What each component of ``parts`` is: ``_teams/<team>/<project>/<job>/...`` or ``<project>/<job>/...``."""
+        head = [_TEAMS, _TEAM] if parts and parts[0] == TEAMS_DIR else []
+        roles = [*head, _PROJECT, _JOB]
+        return (roles + [_BELOW] * len(parts))[:len(parts)]
 
     def _write_gid(self) -> int:
         """The team group this process writes projects for (without one: its own group)."""
@@ -196,8 +276,8 @@ class FileStore:
         except OSError as exc:
             raise StorageError(str(self.root), f"cannot create the checkpoint store: {exc.strerror}") from exc
 
-    def _open_root(self, *, create: bool) -> int:
-        """An ``O_PATH`` descriptor of the store root, after checking nobody but root (or us) controls it.
+    def _open_root(self, *, create: bool) -> tuple[int, int]:
+        """An ``O_PATH`` descriptor of the store root and its owner, after checking nobody but root (or us) controls it.
 
         The root's path is the admin's (site file); a symlink there is followed only if root owns it
         (``/shared -> /lustre/shared``), not one a user planted in a world-writable parent. A root
@@ -226,13 +306,52 @@ class FileStore:
             os.close(fd)
             raise UntrustedLocation(root, f"{problem} ({describe_owner(st)}); an admin must fix it: "
                                     f"chown root:root {root} && chmod 1777 {root}")
-        return fd
+        return fd, st.st_uid
 
-    def _dir_problem(self, st: os.stat_result, depth: int, owner: int | None, *, write: bool) -> str | None:
-        """Why a directory at ``depth`` below the root must not be used (None: it is what slurm-bt makes)."""
+    def _team_problem(self, st: os.stat_result, name: str, *, write: bool) -> str | None:
+        """Why ``_teams/<name>`` must not be used: it must be a team directory of the group whose slug is ``name``.
+
+        The slug check matters as much as the group's: a directory of team B renamed to A's name (by
+        whoever owns ``_teams``) is B's, and must not receive A's uploads or feed A's loads.
+        """
+        if write or self._gid is not None:
+            gid = self._write_gid()
+            group = _group_name(gid)
+            if is_team_dir(st, gid) and team_slug(group) == name:
+                return None
+            if team_slug(group) != name:
+                return (f"is the checkpoint namespace of team {name!r}, not of your team group {group} "
+                        f"({describe_owner(st)}): refusing to use it")
+            return (f"is not the checkpoint namespace of your team group {group} ({describe_owner(st)}; it must be "
+                    f"<member or root>:{group} 2770): another user or team created it first, so nothing is "
+                    f"uploaded into it. Fix: an admin removes it and creates it for your team: rm -rf <dir> && "
+                    f"install -d -m 2770 -g {group} <dir>")
+        if _in_group(st.st_gid) and is_team_dir(st, st.st_gid) and team_slug(_group_name(st.st_gid)) == name:
+            return None
+        return (f"is not the checkpoint namespace of a team {name!r} you belong to ({describe_owner(st)}; it must "
+                f"be <member or root>:<team group> 2770): nothing is loaded from it. If the team is yours, an admin "
+                "must remove it and create it for the team: rm -rf <dir> && install -d -m 2770 -g <team group> <dir>")
+
+    def _dir_problem(self, st: os.stat_result, role: str, name: str, owner: int | None, *, write: bool,
+                     root_uid: int = 0) -> str | None:
+        """Why a directory in ``role`` must not be used (None: it is what slurm-bt or an admin makes).
+
+        ``root_uid``: the owner of the store root (:meth:`_layout_owners`).
+        """
         if not stat.S_ISDIR(st.st_mode):
             return "is not a directory"
-        if depth == 0:
+        if role == _TEAMS:
+            if st.st_uid not in self._layout_owners(root_uid):
+                return (f"is owned by {_user_name(st.st_uid)}, not by root ({describe_owner(st)}): its owner could "
+                        "rename any team's checkpoints away. An admin removes it and creates it: "
+                        "rm -rf <dir> && install -d -m 1777 <dir>")
+            if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
+                return (f"is writable by others without the sticky bit ({describe_owner(st)}): anyone could rename "
+                        "a team's checkpoints away; an admin must fix it: chmod 1777 <dir>")
+            return None
+        if role == _TEAM:
+            return self._team_problem(st, name, write=write)
+        if role == _PROJECT:
             # A store opened for a team (the uploader, the epilog's flush) holds every project
             # directory to that team's rule, reads included: it reads back its own index there.
             if write or self._gid is not None:
@@ -260,14 +379,14 @@ class FileStore:
                     "(rm -rf <dir>)")
         return None
 
-    def _step(self, parent: int, name: str, path: Path, depth: int, *, create: bool) -> int:
+    def _step(self, parent: int, name: str, path: Path, role: str, *, create: bool) -> int:
         """A descriptor of ``name`` in ``parent`` (never through a symlink); created when ``create``.
 
         The open is :func:`~slurm_bt.posix.safefs.walk_dirs` one component below ``parent``: the one
-        ``O_NOFOLLOW`` walk; what this adds is creating the component and the depth-dependent rule.
+        ``O_NOFOLLOW`` walk; what this adds is creating the component and the role-dependent rule.
         """
         def refuse(_shown: str, _why: str) -> UntrustedLocation:
-            hint = ", or use another TrainingProject name" if depth == 0 else ""
+            hint = ", or use another TrainingProject name" if role == _PROJECT else ""
             return UntrustedLocation(str(path), "is a symlink or not a directory (never followed; another user "
                                      f"may have created the name first): an admin must remove it (rm -rf {path})"
                                      f"{hint}")
@@ -277,19 +396,32 @@ class FileStore:
         except FileNotFoundError:
             if not create:
                 raise
+        if role == _TEAMS and os.geteuid() != 0:
+            # Never a user's: whoever owns _teams could rename every team's directory away. Root
+            # (an admin's own upload) makes it as the admin would.
+            raise StorageError(str(path), "is missing: this checkpoint store has no team namespaces yet (the "
+                               "slurm-bt prolog makes them); an admin runs slurm-bt admin install, or "
+                               f"install -d -m 1777 {path} where jobs run without the prolog")
         try:
             os.mkdir(name, 0o700, dir_fd=parent)
         except FileExistsError:  # made meanwhile by someone else: checked like any existing one
-            return self._step(parent, name, path, depth, create=False)
+            return self._step(parent, name, path, role, create=False)
         except PermissionError as exc:
-            why = ("the store root is not writable (an admin makes it 1777)" if depth == 0 else
-                   "the project belongs to another team" if depth == 1 else "its parent directory is not writable")
+            why = {_TEAM: "your team has no checkpoint namespace yet and _teams is not writable by you; an admin "
+                          f"creates it: install -d -m 2770 -g {_group_name(self._write_gid())} {path}",
+                   _PROJECT: "the store root is not writable (an admin makes it 1777)" if path.parent == self.root
+                   else "the team namespace is not your team's",
+                   _JOB: "the project belongs to another team"}.get(role, "its parent directory is not writable")
             raise StorageError(str(path), f"permission denied: {why}") from exc
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
         try:
-            if depth == 0:
+            if role == _TEAMS:  # only as root: what an admin's install -d -m 1777 makes
+                os.fchmod(fd, 0o1777)
+            elif role in (_TEAM, _PROJECT):
                 os.fchown(fd, -1, self._write_gid())
-            os.fchmod(fd, 0o2770 if depth == 0 else 0o2750)
+                os.fchmod(fd, 0o2770)
+            else:
+                os.fchmod(fd, 0o2750)
         except OSError:
             pass  # the checks that follow decide whether it is usable
         return fd
@@ -300,23 +432,24 @@ class FileStore:
 
         Each step opens its component with :func:`slurm_bt.posix.safefs.walk_dirs` (see
         :meth:`_step`); the loop is here because it creates missing components and its rule depends on
-        the depth and on the owner found one step earlier (docs/architecture.md, "The safe-filesystem
-        rules, once").
+        the component's role (:meth:`_roles`) and on the owner found one step earlier
+        (docs/architecture.md, "The safe-filesystem rules, once").
 
         Raises:
             FileNotFoundError: a component is missing (and ``create`` is false).
             UntrustedLocation: a component is not what slurm-bt would have made.
+            StorageError: ``_teams`` is missing and ``create`` is true (only an admin makes it).
         """
-        fd = self._open_root(create=create)
+        fd, root_uid = self._open_root(create=create)
         owner: int | None = None
         path = self.root
         try:
-            for depth, name in enumerate(parts):
+            for role, name in zip(self._roles(parts), parts, strict=True):
                 path = path / name
-                child = self._step(fd, name, path, depth, create=create)
+                child = self._step(fd, name, path, role, create=create)
                 try:
                     st = os.fstat(child)
-                    problem = self._dir_problem(st, depth, owner, write=write)
+                    problem = self._dir_problem(st, role, name, owner, write=write, root_uid=root_uid)
                     for _ in range(20):
                         # Another node of this job (same uid) may have just made it: mkdir 0700, then
                         # fchown/fchmod. Give it a moment before calling it foreign.
@@ -324,7 +457,7 @@ class FileStore:
                             break
                         time.sleep(0.1)
                         st = os.fstat(child)
-                        problem = self._dir_problem(st, depth, owner, write=write)
+                        problem = self._dir_problem(st, role, name, owner, write=write, root_uid=root_uid)
                     if problem is not None:
                         raise UntrustedLocation(str(path), problem.replace("<dir>", str(path)))
                 except BaseException:
@@ -332,7 +465,7 @@ class FileStore:
                     raise
                 os.close(fd)
                 fd = child
-                if depth == 1:
+                if role == _JOB:
                     owner = st.st_uid
             yield fd, owner
         finally:
@@ -379,40 +512,45 @@ class FileStore:
                 text = text[len(exc.uri) + 2:]
             raise StorageError(str(final), text.replace(str(via), str(final.parent))) from exc
 
-    def job_owner(self, project_id: str, job_id: str) -> int | None:
+    def job_owner(self, project_id: str, job_id: str, *, team: str | None) -> int | None:
         """The uid owning the job directory (checked like any read), or None when there is none.
 
+        ``team``: the namespace (:func:`~slurm_bt.checkpoints.locations.project_prefix`; None: legacy).
+
         Raises:
-            UntrustedLocation: the project or job directory is not what slurm-bt would have made.
+            UntrustedLocation: the team, project or job directory is not what slurm-bt would have made.
         """
         try:
-            with self._walk(self._parts(f"{project_id}/{job_id}"), create=False, write=False) as (_, owner):
+            with self._walk(self._parts(f"{project_prefix(project_id, team=team)}/{job_id}"), create=False,
+                            write=False) as (_, owner):
                 return owner
         except FileNotFoundError:
             return None
 
-    def check_upload_location(self, project_id: str, job_id: str) -> None:
-        """Claim ``project_id`` for this job's team (created when missing) and check the job directory.
+    def check_upload_location(self, project_id: str, job_id: str, *, team: str) -> None:
+        """Claim ``_teams/<team>/<project_id>`` for this job's team (created when missing) and check the job directory.
 
-        Called before the start commands (:mod:`slurm_bt.node.prepare`), so a squatted project name
-        fails the job at once instead of after hours of training.
+        Called before the start commands (:mod:`slurm_bt.node.prepare`), so a squatted team or project
+        name, or a store without ``_teams``, fails the job at once instead of after hours of training.
 
         Raises:
-            UntrustedLocation: the project directory is another team's or user's, or the job directory
-                (when it exists) is not this user's.
-            StorageError: the store cannot be written.
+            UntrustedLocation: the team or project directory is another team's or user's, or the job
+                directory (when it exists) is not this user's.
+            StorageError: the store cannot be written, or it has no ``_teams`` yet (the message says
+                what an admin runs).
         """
+        project = self._parts(project_prefix(project_id, team=team))
         try:
-            with self._walk([project_id], create=True, write=True):
+            with self._walk(project, create=True, write=True):
                 pass
-            with self._walk([project_id, job_id], create=False, write=True):
+            with self._walk([*project, job_id], create=False, write=True):
                 pass
         except FileNotFoundError:
             return
         except StorageError:
             raise
         except OSError as exc:
-            raise StorageError(str(self.root / project_id), exc.strerror or "cannot be checked") from exc
+            raise StorageError(str(self.root.joinpath(*project)), exc.strerror or "cannot be checked") from exc
 
     def upload_file(self, fd: int, size: int, key: str, *, expect_sha256: str | None = None) -> UploadResult:
         """Copy ``fd`` to ``key`` (temp + fsync + rename + fsync dir), hashing what is written."""
@@ -516,7 +654,7 @@ class FileStore:
             StorageError: something could not be removed.
         """
         parts = self._parts(key)
-        if len(parts) < 3:  # <project>/<job>/<something>: never a project or a job directory
+        if not parts or self._roles(parts)[-1] != _BELOW:  # never a team, project or job directory
             raise StorageError(key, "refusing to delete above a job's checkpoint")
         path = self.root.joinpath(*parts)
         try:
@@ -537,7 +675,10 @@ class FileStore:
             raise StorageError(str(path), f"not fully deleted: {shown}")
 
     def list_dirs(self, prefix: str) -> list[str]:
-        """Immediate subdirectories (symlinks and, at the top, projects not of your teams are left out).
+        """Immediate subdirectories; symlinks, and team or project directories the caller may not read, are left out.
+
+        At the top these are the legacy projects (``_teams`` is not one); below ``_teams`` the team
+        namespaces of the caller's teams; below one of those, its projects.
 
         Raises:
             UntrustedLocation: ``prefix`` itself is not what slurm-bt would have made (a squatted project).
@@ -549,8 +690,11 @@ class FileStore:
                 try:
                     with os.scandir(rfd) as it:
                         names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
-                    if not parts:  # the projects: only those of a team the caller is in
-                        names = [n for n in names if self._listed_project(rfd, n)]
+                    if not parts:
+                        names = [n for n in names if n != TEAMS_DIR]
+                    role = self._roles([*parts, "child"])[-1]  # what the listed names are
+                    if role in (_TEAM, _PROJECT):  # only those of a team the caller is in
+                        names = [n for n in names if self._listed(rfd, n, role)]
                 finally:
                     os.close(rfd)
         except StorageError:
@@ -559,12 +703,12 @@ class FileStore:
             return []
         return sorted(names)
 
-    def _listed_project(self, rootfd: int, name: str) -> bool:
+    def _listed(self, dirfd: int, name: str, role: str) -> bool:
         try:
-            st = os.stat(name, dir_fd=rootfd, follow_symlinks=False)
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
         except OSError:  # removed meanwhile
             return False
-        return stat.S_ISDIR(st.st_mode) and self._dir_problem(st, 0, None, write=False) is None
+        return stat.S_ISDIR(st.st_mode) and self._dir_problem(st, role, name, None, write=False) is None
 
     def close(self) -> None:
         """Nothing to release."""
@@ -649,17 +793,20 @@ def _parse_credentials(uri: StoreUrl, raw: str, what: str) -> Credentials:
 
 
 def check_upload_location(store_uri: str, project_id: str, job_id: str, *, account: str | None) -> None:
-    """Before training: a ``file://`` store's project directory is this job's team's (claimed when
-    missing) and the job directory, if any, is the user's; other schemes have nothing to check
+    """Before training: a ``file://`` store's ``_teams/<team>/<project>`` is this job's team's (claimed
+    when missing) and the job directory, if any, is the user's; other schemes have nothing to check
     (their access control is the bucket policy's).
+
+    ``account``: the team group the prolog resolved, else the Slurm account (:func:`team_group`).
 
     Raises:
         UntrustedLocation: squatted or foreign (the message names the directory and the fix).
-        StorageError: the store cannot be written.
+        StorageError: the store cannot be written, or has no ``_teams`` yet (the message names the fix).
     """
     uri = parse_store_uri(store_uri)
     if uri.scheme == "file":
-        FileStore(uri, gid=team_gid(account)).check_upload_location(project_id, job_id)
+        team, gid = team_group(account)
+        FileStore(uri, gid=gid).check_upload_location(project_id, job_id, team=team)
 
 
 def open_store(uri: str | StoreUrl, *, credentials: Credentials | None = None,

@@ -9,7 +9,7 @@ flush and the hand-off resumer, so all three behave the same:
   ``uploading`` section (at most every few seconds), so a restart after ``kill -9`` re-hashes those
   files locally and skips the ones whose sha256 and stored copy still match instead of sending them
   again; incomplete multipart uploads of the file that was in flight are aborted by the store;
-* everything is keyed by (project, job, rank, checkpoint, path), so running twice changes nothing;
+* everything is keyed by (team, project, job, rank, checkpoint, path), so running twice changes nothing;
 * each rank also *reports* in its part whether its ``BT_CHECKPOINT_DIR`` holds any directory at all
   (``empty_at``) and when its last pass of a run is done (``final``): that is how a checkpoint
   written by rank 0 alone becomes complete (:mod:`.index`, :meth:`RankUploader.report`);
@@ -83,7 +83,11 @@ def has_directories(checkpoint_dir: Path) -> bool:
 
 @dataclass(frozen=True)
 class JobIdentity:
-    """Which job and rank the uploads belong to (decides every key)."""
+    """Which job and rank the uploads belong to (decides every key).
+
+    ``team``: the slug of the job's team (:func:`slurm_bt.checkpoints.store.team_group`); uploads
+    always go to its namespace ``_teams/<team>/`` (:mod:`..locations`), never to the legacy layout.
+    """
 
     project_name: str
     project_id: str
@@ -91,11 +95,13 @@ class JobIdentity:
     user: str
     rank: int
     group_size: int
+    team: str
 
 
-def read_rank_part(store: CheckpointStore, project_id: str, job_id: str, rank: int) -> RankIndex | None:
-    """One rank's index part, or None (absent or unreadable JSON)."""
-    raw = store.read_bytes(rank_index_key(project_id, job_id, rank))
+def read_rank_part(store: CheckpointStore, project_id: str, job_id: str, rank: int, *,
+                   team: str | None) -> RankIndex | None:
+    """One rank's index part in ``team``'s namespace (None: legacy), or None (absent or unreadable JSON)."""
+    raw = store.read_bytes(rank_index_key(project_id, job_id, rank, team=team))
     if raw is None:
         return None
     try:
@@ -104,22 +110,22 @@ def read_rank_part(store: CheckpointStore, project_id: str, job_id: str, rank: i
         return None
 
 
-def read_job_index(store: CheckpointStore, project_id: str, job_id: str,
-                   group_size: int | None = None) -> JobIndex | None:
-    """The job's merged index, built from the rank parts (falls back to ``index.json``)."""
+def read_job_index(store: CheckpointStore, project_id: str, job_id: str, group_size: int | None = None, *,
+                   team: str | None) -> JobIndex | None:
+    """The job's merged index in ``team``'s namespace (None: legacy), from the rank parts (else ``index.json``)."""
     parts = []
-    first = read_rank_part(store, project_id, job_id, 0)
+    first = read_rank_part(store, project_id, job_id, 0, team=team)
     if first is not None:
         parts.append(first)
         size = max(group_size or 0, first.group_size)
         for rank in range(1, size):
-            part = read_rank_part(store, project_id, job_id, rank)
+            part = read_rank_part(store, project_id, job_id, rank, team=team)
             if part is not None:
                 parts.append(part)
     merged = merge_parts(parts)
     if merged is not None:
         return merged
-    raw = store.read_bytes(index_key(project_id, job_id))
+    raw = store.read_bytes(index_key(project_id, job_id, team=team))
     if raw is None:
         return None
     try:
@@ -166,7 +172,8 @@ class RankUploader:
     def part(self) -> RankIndex:
         """This rank's index part (read from the store once, then kept current in memory)."""
         if self._part is None:
-            existing = read_rank_part(self.store, self.ident.project_id, self.ident.job_id, self.ident.rank)
+            existing = read_rank_part(self.store, self.ident.project_id, self.ident.job_id, self.ident.rank,
+                                      team=self.ident.team)
             i = self.ident
             self._part = existing or RankIndex(project_name=i.project_name, project_id=i.project_id, job_id=i.job_id,
                                                user=i.user, rank=i.rank, group_size=i.group_size, updated=utc_now())
@@ -182,26 +189,28 @@ class RankUploader:
         the few milliseconds between this read and the write).
         """
         i = self.ident
-        stored = read_rank_part(self.store, i.project_id, i.job_id, i.rank)
+        stored = read_rank_part(self.store, i.project_id, i.job_id, i.rank, team=i.team)
         if stored is not None:
             self._part = stored
         return self.part()
 
     def _publish(self, part: RankIndex, *, rewrite_index: bool = True) -> None:
         i = self.ident
-        self.store.write_bytes(rank_index_key(i.project_id, i.job_id, i.rank), part.model_dump_json(indent=1).encode())
+        self.store.write_bytes(rank_index_key(i.project_id, i.job_id, i.rank, team=i.team),
+                               part.model_dump_json(indent=1).encode())
         self._part = part
         if not rewrite_index:
             return
         parts = [part]
         for rank in range(i.group_size):
             if rank != i.rank:
-                other = read_rank_part(self.store, i.project_id, i.job_id, rank)
+                other = read_rank_part(self.store, i.project_id, i.job_id, rank, team=i.team)
                 if other is not None:
                     parts.append(other)
         merged = merge_parts(parts)
         if merged is not None:
-            self.store.write_bytes(index_key(i.project_id, i.job_id), merged.model_dump_json(indent=1).encode())
+            self.store.write_bytes(index_key(i.project_id, i.job_id, team=i.team),
+                                   merged.model_dump_json(indent=1).encode())
 
     def pending(self, *, final: bool) -> list[tuple[DirState, str]]:
         """Complete checkpoints that are not in the store in their current state."""
@@ -336,7 +345,7 @@ class RankUploader:
         if not policy.active:
             return []
         i = self.ident
-        index = read_job_index(self.store, i.project_id, i.job_id, i.group_size)
+        index = read_job_index(self.store, i.project_id, i.job_id, i.group_size, team=i.team)
         if index is None:
             return []
         part = self._refresh()
@@ -349,7 +358,7 @@ class RankUploader:
         for name in names:
             self._uploaded_sig.pop(name, None)
             try:
-                self.store.delete_tree(checkpoint_key(i.project_id, i.job_id, i.rank, name))
+                self.store.delete_tree(checkpoint_key(i.project_id, i.job_id, i.rank, name, team=i.team))
             except StorageError as exc:
                 self.log(i.rank, f"retention: {name} dropped from the index but its files were not all "
                                  f"deleted: {exc}")
@@ -358,7 +367,7 @@ class RankUploader:
 
     def _upload_file(self, name: str, f: CheckpointFile, prev: FileEntry | None, skipped: list[int]) -> FileEntry:
         i = self.ident
-        key = file_key(i.project_id, i.job_id, i.rank, name, f.relpath)
+        key = file_key(i.project_id, i.job_id, i.rank, name, f.relpath, team=i.team)
         try:
             # The job may have swapped the file for a FIFO, a device or a symlink since the scan (it can
             # still write its hand-off): such a file is refused, never opened, and never blocks us.
@@ -390,7 +399,7 @@ class RankUploader:
         others = tuple(c for c in _uploading_all(part) if c.name != name)
         updated = part.model_copy(update={"uploading": (*others, partial), "updated": utc_now()})
         i = self.ident
-        self.store.write_bytes(rank_index_key(i.project_id, i.job_id, i.rank),
+        self.store.write_bytes(rank_index_key(i.project_id, i.job_id, i.rank, team=i.team),
                                updated.model_dump_json(indent=1).encode())
         self._part = updated
 

@@ -24,6 +24,7 @@ import click
 
 from slurm_bt.cli.errors import handle_errors
 from slurm_bt.errors import SlurmCommandError
+from slurm_bt.posix.layout_owner import LayoutOwner, LayoutOwnerError
 from slurm_bt.slurm.release import FEATURES, SlurmRelease, feature, features_in_use, parse_release, slurm_release
 
 if TYPE_CHECKING:
@@ -509,36 +510,87 @@ def squashed_as(folder: str) -> str | None:
     return f"uid {uid}" if uid != 0 else None
 
 
-SQUASH_FIX = ("export it to the compute nodes without root squash (docs/admin.md \"Root-squashed shared filesystems\": "
-              "NFS no_root_squash, Lustre nodemap admin=1, GlusterFS server.root-squash off)")
+SQUASH_FIX = ("name a service account in hooks.toml (shared_fs_identity = \"slurmbt\": a user in every team group, "
+              "the same uid on the file servers), then run `slurm-bt admin install` once from a host where root is "
+              "not squashed; or export the filesystem to the compute nodes without root squash (docs/admin.md "
+              "\"Root-squashed shared filesystems\")")
 
 
-def root_squash_checks(cache: str, cluster_cache: str, checkpoint_store: str) -> list[Check]:
+def _identity_dir_problem(path: str, owner: LayoutOwner) -> str | None:
+    """Why ``path`` is not a directory the layout owner can create team directories in, or None."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != owner.uid or stat.S_IMODE(st.st_mode) & 0o022:
+        return f"{path} is not {owner.name}'s 0755 directory (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _squash_feature(feature: str, root: str, owner: LayoutOwner | None, breaks: str, creates_as: str, works: str,
+                    *, sub: str = "teams", warn: bool = False) -> list[Check]:
+    """One feature's root-squash check: nothing where root is not squashed on ``root``; else whether the
+    layout owner (``owner``, None: root) can create what the feature needs in ``<root>/<sub>``."""
+    who = squashed_as(root) if os.path.isdir(root) else None
+    name = f"root squash: {feature}"
+    if who is None:
+        return []
+    if owner is None:
+        return [Check(name, False, f"root acts as {who} on {root}: {breaks}", SQUASH_FIX, warn=warn)]
+    problem = _identity_dir_problem(f"{root}/{sub}", owner)
+    if problem is not None:
+        return [Check(name, False, f"root acts as {who} on {root} and {creates_as} as {owner.name}, but {problem}",
+                      "run `slurm-bt admin install` once from a host where root is not squashed", warn=warn)]
+    return [Check(name, True, f"root acts as {who}; {owner.name} {works}")]
+
+
+def root_squash_checks(cache: str, cluster_cache: str, checkpoint_store: str,
+                       identity: str | None = None, team_groups: dict[str, str] | None = None) -> list[Check]:
     """Per feature: does it work where root on this node is squashed on the shared filesystem?
 
-    Only meaningful as root; each root is probed where it exists (a missing one is reported elsewhere)."""
+    With ``identity`` (hooks.toml ``shared_fs_identity``) the prolog creates team directories as that
+    user: the checks then look at what it needs (its directories, its team groups). Only meaningful as
+    root; each root is probed where it exists (a missing one is reported elsewhere)."""
     if os.geteuid() != 0:
         return []
     checks: list[Check] = []
-    who = squashed_as(cache) if os.path.isdir(cache) else None
-    if who is not None:
-        checks.append(Check("root squash: project and team caches", False,
-                            f"root acts as {who} on {cache}: the prolog creates <cache>/teams/<team> and the "
-                            "project caches as root, so every job with CacheConfig enabled is refused "
-                            "(job refused in phase caches: Permission denied)", SQUASH_FIX))
-    who = squashed_as(cluster_cache) if os.path.isdir(cluster_cache) else None
-    if who is not None:
-        checks.append(Check("root squash: weights and images", False,
-                            f"root acts as {who} on {cluster_cache}: the prolog and the node stager read team "
-                            "tiers (2770 root:<team group>) as root, so node copies of team-tier weights and "
-                            "images fail; only the root-owned shared tier, created from a host that is not "
-                            "squashed, still serves", SQUASH_FIX))
-    if checkpoint_store.startswith("file://") and os.path.isdir(path := checkpoint_store[len("file://"):]):
-        who = squashed_as(path)
-        if who is not None:
-            checks.append(Check("root squash: checkpoint store", True,
-                                f"root acts as {who} on {path}: uploads and hand-off resumes run as the job "
-                                "user, which squashing does not change", info=True))
+    owner: LayoutOwner | None = None
+    if identity is not None:
+        try:
+            owner = LayoutOwner.resolve(identity)
+            checks.append(Check(f"shared_fs_identity {identity}", True, f"uid {owner.uid}"))
+        except LayoutOwnerError as exc:
+            checks.append(Check(f"shared_fs_identity {identity}", False, str(exc),
+                                "create the account on every node and file server (the same uid), or fix hooks.toml"))
+        if owner is not None:
+            import grp
+
+            for account, group in sorted((team_groups or {}).items()):
+                with contextlib.suppress(KeyError):
+                    problem = owner.group_problem(grp.getgrnam(group).gr_gid)
+                    if problem is not None:
+                        checks.append(Check(f"shared_fs_identity in team group {group}", False,
+                                            f"account {account}: {problem}", f"usermod -aG {group} {owner.name}"))
+    reads = ("the node copies read team tiers as the job user, which squashing does not change; the shared "
+             "tier must be made from a host that is not squashed")
+    checks += _squash_feature("project and team caches", cache, owner,
+                              "the prolog creates <cache>/teams/<team> and the project caches as root, so every job "
+                              "with CacheConfig enabled is refused (job refused in phase caches: Permission denied)",
+                              "the prolog creates team caches", "creates the team caches")
+    checks += _squash_feature("weights and images", cluster_cache, owner,
+                              f"staging jobs' prologs cannot create {cluster_cache}/teams/<team> as root, so a team's "
+                              f"first staging job fails ({reads})",
+                              "staging jobs' prologs create team tiers", f"creates the team tiers; {reads}")
+    if checkpoint_store.startswith("file://"):
+        path = checkpoint_store[len("file://"):].rstrip("/")
+        checks += _squash_feature("checkpoint store", path, owner,
+                                  f"the prolog cannot create the teams' namespaces {path}/_teams/<team> as root "
+                                  "(uploads, the flush and hand-off resumes run as the job user, which squashing "
+                                  "does not change)", "the prolog creates the teams' namespaces",
+                                  "creates the teams' namespaces; uploads run as the job user", sub="_teams",
+                                  warn=True)
     return checks
 
 
@@ -653,7 +705,7 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
     checks += container_runtime_checks(site.container_runtime)
     cache = expand_path(site.storage.cache, user="root", uid=0, home="/root")
     squash = root_squash_checks(cache, expand_path(site.storage.cluster_cache, user="root", uid=0, home="/root"),
-                                site.storage.checkpoint_store)
+                                site.storage.checkpoint_store, settings.shared_fs_identity, settings.team_groups)
     checks += squash
     chk = _check_root_dir("shared cache root", cache)
     checks.append(chk)
@@ -691,6 +743,87 @@ def doctor_checks(nodes: list[str], config: Path | None, site_path: Path | None)
     else:
         checks.append(Check("checkpoint store", True, f"{store}: remote store not probed", ""))
     return checks
+
+
+@dataclass(frozen=True)
+class LayoutDir:
+    """A directory of the shared layout that ``admin install`` creates once (docs/admin.md)."""
+
+    path: str
+    owner: str
+    mode: int
+    why: str
+
+
+def shared_layout(site: SiteSettings, identity: str | None) -> list[LayoutDir]:
+    """The shared filesystem's directories an admin creates once, parents first (pure).
+
+    Why here: the prolog creates team directories *in* them as the layout owner (root, or the
+    ``shared_fs_identity`` where root is squashed), so they must exist with the right owner before
+    the first job; where root is squashed only a host without the squash can create root's.
+    """
+    from slurm_bt.site.settings import expand_path
+
+    owner = identity or "root"
+
+    def path(template: str) -> str:
+        return expand_path(template, user="root", uid=0, home="/root").rstrip("/")
+
+    cache, cluster = path(site.storage.cache), path(site.storage.cluster_cache)
+    out = [LayoutDir(cache, "root", 0o755, "project and team caches"),
+           LayoutDir(f"{cache}/teams", owner, 0o755, "the prolog creates <team> in it"),
+           LayoutDir(cluster, "root", 0o755, "weights and images cluster cache"),
+           LayoutDir(f"{cluster}/shared", "root", 0o755, "the admin-curated shared tier"),
+           LayoutDir(f"{cluster}/teams", owner, 0o755, "staging jobs' prologs create <team> in it")]
+    store = site.storage.checkpoint_store
+    if store.startswith("file://"):
+        root = store[len("file://"):].rstrip("/")
+        out.append(LayoutDir(root, "root", 0o1777, "the file:// checkpoint store (legacy project directories)"))
+        out.append(LayoutDir(f"{root}/_teams", owner, 0o755, "the prolog creates each team's namespace in it"))
+    return out
+
+
+def _install_shared_layout(dirs: list[LayoutDir], dry_run: bool) -> bool:
+    """Create ``dirs`` (owner and mode corrected on root-owned or the owner's own); True if any failed.
+
+    A directory that exists with another owner is left alone and reported: it may be a user's squat,
+    which an admin removes by hand, never chowned to the layout owner here.
+    """
+    import pwd
+
+    failed = False
+    for d in dirs:
+        line = f"{d.path} ({d.owner} {d.mode:04o}: {d.why})"
+        if dry_run:
+            click.echo(f"would create {line}")
+            continue
+        click.echo(f"ensuring {line}")
+        try:
+            uid = pwd.getpwnam(d.owner).pw_uid
+            os.makedirs(os.path.dirname(d.path), 0o755, exist_ok=True)  # e.g. a fresh mount's top directory
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d.path, 0o700)
+            st = os.lstat(d.path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, uid):
+                click.echo(f"  not changed: owned by uid {st.st_uid} (or not a directory); check it, remove it and "
+                           "rerun", err=True)
+                failed = True
+                continue
+            os.chown(d.path, uid, -1)
+            os.chmod(d.path, d.mode)
+        except KeyError:
+            click.echo(f"  failed: user {d.owner} does not exist (shared_fs_identity in hooks.toml)", err=True)
+            failed = True
+        except PermissionError as exc:
+            who = squashed_as(os.path.dirname(d.path)) if os.path.isdir(os.path.dirname(d.path)) else None
+            hint = (f"root acts as {who} here (root squash): run `slurm-bt admin install` on a host where root is "
+                    "not squashed, such as a file server" if who else "check the permissions of its parent")
+            click.echo(f"  failed: {exc.strerror}; {hint}", err=True)
+            failed = True
+        except OSError as exc:
+            click.echo(f"  failed: {exc.strerror}", err=True)
+            failed = True
+    return failed
 
 
 def _write_root_file(dest: Path, text: str, mode: int) -> None:
@@ -743,7 +876,6 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
         for node in served:
             roots.append(expand_path(site_settings.storage.scratch, user="root", uid=0, home="/root", node=node))
             roots.append(expand_path(site_settings.storage.node_cache, user="root", uid=0, home="/root", node=node))
-        roots.append(expand_path(site_settings.storage.cache, user="root", uid=0, home="/root"))
         for root in dict.fromkeys(roots):
             click.echo(f"{'would create' if dry_run else 'ensuring'} {root} (root:root 0755)")
             if not dry_run:
@@ -753,6 +885,7 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
                 if stat.S_ISLNK(st.st_mode) or st.st_uid != 0:
                     raise click.ClickException(f"{root} exists and is not a root-owned directory; fix it by hand")
                 os.chmod(p, 0o755)  # noqa: S103 - storage roots: root-owned, traversable
+        layout_failed = _install_shared_layout(shared_layout(site_settings, settings.shared_fs_identity), dry_run)
         if systemd_dir is not None:
             for name, text in render_handoff_units(python, site).items():
                 dest = Path(systemd_dir) / name
@@ -770,6 +903,8 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
         for line in slurm_conf_lines(paths["prolog"], paths["epilog"], settings.deadline_s, gres, release):
             click.echo(line)
         click.echo("\nThen run `slurm-bt admin doctor` on each node.")
+        if layout_failed:
+            raise SystemExit(1)
 
 
 @admin_group.command(name="doctor")

@@ -21,21 +21,22 @@ __all__ = ["checkpoints_group"]
 
 
 def _job_index(job_id: str):  # type: ignore[no-untyped-def]
+    """The caller's store and where ``job_id`` is in it: your teams' namespaces first, then the legacy layout."""
     from slurm_bt.checkpoints.resolve import find_job, open_user_store
     from slurm_bt.site.settings import load_site_settings, user_path
 
     site = load_site_settings()
     store = open_user_store(site.storage.model_dump())
     try:
-        index = find_job(store, job_id, workspace=user_path(site.storage.workspace))
+        found = find_job(store, job_id, workspace=user_path(site.storage.workspace))
     except BaseException:
         store.close()
         raise
-    if index is None:
+    if found is None:
         store.close()
         raise UserError("slurm-bt", [Problem("JOB_ID", f"job {job_id} has no checkpoints in {store.uri.display()} "
                                              "(or they are not readable by you)")])
-    return store, index
+    return store, found
 
 
 def _completeness(view: CheckpointView, expired: tuple[str, ...]) -> str:
@@ -64,8 +65,9 @@ def list_command(job_id: str, fmt: str, debug: bool) -> None:
 
     with handle_errors("slurm-bt", debug=debug):
         [job_id] = check_job_ids([job_id])
-        store, index = _job_index(job_id)
+        store, found = _job_index(job_id)
         store.close()
+        index = found.index
         if fmt == "json":
             click.echo(index.model_dump_json(indent=2))
             return
@@ -76,7 +78,7 @@ def list_command(job_id: str, fmt: str, debug: bool) -> None:
         shown = [[visible(v) for v in r] for r in rows]  # names come from the job's own index
         widths = [max(len(r[i]) for r in shown) for i in range(len(shown[0]))]
         click.echo(visible(f"project {index.project_name} ({index.project_id}), job {index.job_id}, "
-                           f"{index.group_size} node(s), store {store.uri.display()}"))
+                           f"{index.group_size} node(s), store {store.uri.display()}, {found.describe()}"))
         for r in shown:
             click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
 
@@ -92,13 +94,14 @@ def download_command(job_id: str, name: str | None, target_directory: Path | Non
     import os
 
     from slurm_bt.checkpoints.index import decode_relpath
-    from slurm_bt.checkpoints.locations import file_key, valid_checkpoint_name
+    from slurm_bt.checkpoints.locations import valid_checkpoint_name
     from slurm_bt.checkpoints.resolve import safe_relpath
     from slurm_bt.jobs.lifecycle import check_job_ids
 
     with handle_errors("slurm-bt", debug=debug):
         [job_id] = check_job_ids([job_id])
-        store, index = _job_index(job_id)
+        store, found = _job_index(job_id)
+        index = found.index
         try:
             view = index.get(name) if name else index.latest()
             if view is None:
@@ -116,7 +119,7 @@ def download_command(job_id: str, name: str | None, target_directory: Path | Non
                         local = None
                     if local is None:
                         raise UserError("slurm-bt", [Problem("NAME", f"unsafe path {f.path!r} in the index")])
-                    key = file_key(index.project_id, index.job_id, rank, view.name, f.path)
+                    key = found.file_key(rank, view.name, f.path)
                     store.download_file(key, target / f"rank-{rank}" / view.name / local, size=f.size, sha256=f.sha256)
                     count += 1
                     size += f.size

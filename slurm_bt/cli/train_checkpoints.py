@@ -30,6 +30,7 @@ from slurm_bt.units import format_bytes
 
 if TYPE_CHECKING:
     from slurm_bt.checkpoints.index import CheckpointView, JobIndex
+    from slurm_bt.checkpoints.resolve import FoundJob
     from slurm_bt.checkpoints.store import CheckpointStore
 
 __all__ = ["checkpoint_rows", "checkpoints_group", "get_checkpoint_urls_command", "sort_rows"]
@@ -43,8 +44,12 @@ MAX_EXPIRES_S = 7 * 24 * 3600
 
 
 @contextmanager
-def _open_index(job_id: str) -> Iterator[tuple[CheckpointStore, JobIndex]]:
-    """The caller's store and ``job_id``'s index (exit 2 naming the store when it has none for the caller)."""
+def _open_index(job_id: str) -> Iterator[tuple[CheckpointStore, FoundJob]]:
+    """The caller's store and where ``job_id`` is (exit 2 naming the store when it has none for the caller).
+
+    Found like ``slurm-bt checkpoints list`` finds it: the caller's teams' namespaces, then the
+    legacy layout of a store from before team namespaces.
+    """
     from slurm_bt.checkpoints.resolve import find_job, open_user_store
     from slurm_bt.errors import Problem, UserError
     from slurm_bt.site.settings import load_site_settings, user_path
@@ -52,11 +57,11 @@ def _open_index(job_id: str) -> Iterator[tuple[CheckpointStore, JobIndex]]:
     site = load_site_settings()
     store = open_user_store(site.storage.model_dump())
     try:
-        index = find_job(store, job_id, workspace=user_path(site.storage.workspace))
-        if index is None:
+        found = find_job(store, job_id, workspace=user_path(site.storage.workspace))
+        if found is None:
             raise UserError("slurm-bt", [Problem("--job-id", f"job {job_id} has no checkpoints in "
                                                  f"{store.uri.display()} (or they are not readable by you)")])
-        yield store, index
+        yield store, found
     finally:
         store.close()
 
@@ -175,7 +180,8 @@ def list_command(ctx: click.Context, remote: str | None, project_id: str | None,
     forward_remote(ctx, remote, ["checkpoints", "list"], debug=debug)
     with handle_errors("slurm-bt", debug=debug):
         jid = pick_job(job_id, project_option(project, project_id))
-        with _open_index(jid) as (_store, index):
+        with _open_index(jid) as (_store, found):
+            index = found.index
             if checkpoint_name is not None:
                 view = index.get(checkpoint_name)
                 if view is None:
@@ -186,13 +192,17 @@ def list_command(ctx: click.Context, remote: str | None, project_id: str | None,
             _print_checkpoints(jid, sort_rows(checkpoint_rows(index), sort, order), fmt)
 
 
-def checkpoint_artifacts(store: CheckpointStore, index: JobIndex, expires_s: int) -> list[dict[str, Any]]:
-    """Every file of every checkpoint with a URL: presigned (object stores) or ``file://`` + ``path``."""
-    from slurm_bt.checkpoints.locations import file_key, valid_checkpoint_name
+def checkpoint_artifacts(store: CheckpointStore, found: FoundJob, expires_s: int) -> list[dict[str, Any]]:
+    """Every file of every checkpoint with a URL: presigned (object stores) or ``file://`` + ``path``.
+
+    Keys are built from where the job was found (:class:`~slurm_bt.checkpoints.resolve.FoundJob`).
+    """
+    from slurm_bt.checkpoints.locations import valid_checkpoint_name
     from slurm_bt.checkpoints.resolve import safe_relpath
     from slurm_bt.errors import Problem, UserError
 
     presign = getattr(store, "presigned_url", None)
+    index = found.index
     out = []
     for view in index.checkpoints:
         for r in _file_rows(view):
@@ -201,7 +211,7 @@ def checkpoint_artifacts(store: CheckpointStore, index: JobIndex, expires_s: int
             if not (valid_checkpoint_name(view.name) and safe_relpath(r["_key_path"])):
                 raise UserError("slurm-bt", [Problem("--job-id", f"unsafe name {view.name!r}/{r['_key_path']!r} "
                                                      f"in job {index.job_id}'s checkpoint index")])
-            key = file_key(index.project_id, index.job_id, r["node_rank"], view.name, r.pop("_key_path"))
+            key = found.file_key(r["node_rank"], view.name, r.pop("_key_path"))
             entry: dict[str, Any] = {"checkpoint_name": view.name, "complete": view.complete, **r}
             if store.uri.scheme == "file":
                 path = Path(store.uri.key(key))
@@ -227,8 +237,9 @@ def get_checkpoint_urls_command(job_id: str | None, remote: str | None, expires_
     check_remote(remote, "get_checkpoint_urls")
     with handle_errors("slurm-bt", debug=debug):
         jid = pick_job(job_id, None)
-        with _open_index(jid) as (store, index):
-            artifacts = checkpoint_artifacts(store, index, expires_s)
+        with _open_index(jid) as (store, found):
+            index = found.index
+            artifacts = checkpoint_artifacts(store, found, expires_s)
         if not artifacts:
             raise click.ClickException("No checkpoints found for this training job.")
         from slurm_bt.cli.options import workspace

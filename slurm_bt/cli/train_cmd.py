@@ -395,15 +395,15 @@ def _checkpoint_names(record: SubmissionRecord) -> str:
         site = load_site_settings()
         store = open_user_store(site.storage.model_dump())
         try:
-            index = find_job(store, record.job_id, project_id=record.project_id,
+            found = find_job(store, record.job_id, project_id=record.project_id,
                              workspace=user_path(site.storage.workspace))
         finally:
             store.close()
     except (BtError, OSError) as exc:
         return f"(not readable: {exc})"
-    if index is None:
+    if found is None:
         return "-"
-    return ", ".join(c.name for c in index.checkpoints) or "-"
+    return ", ".join(c.name for c in found.index.checkpoints) or "-"
 
 
 def _view_job(job_id: str) -> None:

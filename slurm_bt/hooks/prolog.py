@@ -16,11 +16,14 @@
 4. ``job.json`` from the job's work dir, read **as the user** in a dropped child (bounded size and
    time), then re-validated here: it is the user's file and the child's output is untrusted;
 5. with ``cache_config.enabled``: ``<cache>/teams/<group>/{shared,projects/<project>}``,
-   ``2770 root:<group>`` with a group default ACL, where ``<group>`` is the job's team
-   (:mod:`slurm_bt.posix.teams`);
+   ``2770 <owner>:<group>`` with a group default ACL, where ``<group>`` is the job's team
+   (:mod:`slurm_bt.posix.teams`) and ``<owner>`` the layout owner: root, or hooks.toml's
+   ``shared_fs_identity`` where the shared filesystem squashes root (:mod:`slurm_bt.posix.layout_owner`;
+   the work then runs in a child dropped to that account);
 6. with ``weights``: the pinned manifests are read from the job dir **as the user**, then a forked
    root child (:func:`slurm_bt.weights.node_stage.stage_for_job`) copies the job's blobs from the
-   team's (or the shared) cluster tier into the root-owned node cache, leases them and links
+   team's (or the shared) cluster tier into the root-owned node cache (team-tier files opened by a
+   child running as the job user, which passes the descriptors), leases them and links
    ``<node_cache>/jobs/<id>/w<i>``; bounded by what is left of the deadline, so a copy that is too
    slow fails the job (never drains the node). Jobs without weights import none of this;
 7. with a pinned container image (``image_pin``, a container runtime): the same for the image's
@@ -34,6 +37,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +52,7 @@ from slurm_bt.jobhost.leftovers import write_job_owner
 from slurm_bt.jobhost.runtime_dirs import make_user_runtime_dir
 from slurm_bt.jobhost.stale_sweep import sweep_stale_scratch
 from slurm_bt.posix.job_notes import JobStateDir
+from slurm_bt.posix.layout_owner import LayoutOwner, LayoutOwnerError
 from slurm_bt.posix.privdrop import ChildError, ChildTimeout, PrivilegeDropError, run_as_job_user, run_in_child
 from slurm_bt.posix.safefs import UnsafeEntry, UntrustedPath, ensure_dir_at, open_trusted_dir, set_default_group_acl
 from slurm_bt.posix.teams import Team, TeamError, resolve_team
@@ -209,13 +214,86 @@ def job_team(ctx: HookContext) -> Team:
         raise HookUserError(str(exc)) from None
 
 
+def layout_owner(ctx: HookContext) -> LayoutOwner:
+    """Who creates team and project directories on the shared filesystem (``shared_fs_identity``)."""
+    try:
+        return LayoutOwner.resolve(ctx.settings.shared_fs_identity)
+    except LayoutOwnerError as exc:
+        raise NodeFault(str(exc), "create the account on every node (the same uid as on the file servers) or "
+                        "fix shared_fs_identity in hooks.toml") from None
+
+
+def _as_layout_owner(ctx: HookContext, owner: LayoutOwner, work: Callable[[], dict[str, Any]],
+                     what: str) -> dict[str, Any]:
+    """Run ``work`` as the layout owner; its result carries either ``fields`` or a ``user``/``node`` failure.
+
+    Why results and not exceptions: as the identity, ``work`` runs in a child whose exceptions come
+    back as text; the parent re-raises them as the hook's classes and logs the warnings the child
+    could not (it has no descriptor on the hook log).
+    """
+    try:
+        out = owner.run(work, timeout_s=ctx.budget(ctx.settings.user_step_timeout_s))
+    except PrivilegeDropError as exc:
+        raise NodeFault(f"cannot become {owner.name} (shared_fs_identity) to create {what}: {exc}",
+                        "check NSS (passwd/group lookups) on this node") from None
+    except ChildTimeout:
+        raise HookUserError(f"creating {what} as {owner.name} did not finish in time "
+                            "(slow shared filesystem?)") from None
+    except ChildError as exc:
+        ctx.log.error(f"creating {what} as {owner.name}: {exc.exc_type}: {exc}")
+        raise HookUserError(f"cannot create {what} as {owner.name}: {exc}") from None
+    if not isinstance(out, dict):
+        raise HookUserError(f"cannot create {what}: no result")
+    for line in out.get("warnings") or []:
+        ctx.log.warning(str(line)[:1000])
+    if "node" in out:
+        raise NodeFault(str(out["node"]), str(out.get("fix", "")))
+    if "user" in out:
+        raise HookUserError(str(out["user"]))
+    fields = out.get("fields")
+    return dict(fields) if isinstance(fields, dict) else {}
+
+
+def _caught(work: Callable[[list[str]], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """``work(warnings)`` with the hook's failures turned into the result :func:`_as_layout_owner` reads."""
+    def run() -> dict[str, Any]:
+        warnings: list[str] = []
+        try:
+            return {"fields": work(warnings), "warnings": warnings}
+        except HookUserError as exc:
+            return {"user": exc.reason, "warnings": warnings}
+        except NodeFault as exc:
+            return {"node": exc.what, "fix": exc.fix, "warnings": warnings}
+    return run
+
+
 def make_caches(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, object]:
-    """Create the team and project caches (2770 root:<team group>); returns the record fields."""
+    """Create the team and project caches (2770 <layout owner>:<team group>); returns the record fields.
+
+    The layout owner is root, or the site's ``shared_fs_identity`` where the shared filesystem
+    squashes root (:mod:`slurm_bt.posix.layout_owner`).
+    """
     root = _root(ctx, ctx.site.storage.cache)
+    owner = layout_owner(ctx)
+    problem = owner.group_problem(team.gid)
+    if problem is not None:
+        raise HookUserError(f"cannot create the caches of team {team.name}: {problem}")
+    fields = _as_layout_owner(ctx, owner, _caught(lambda warnings: _make_caches(root, team, spec.project_id, owner,
+                                                                               warnings)),
+                              f"the caches of team {team.name} in {root}")
+    if not fields.get("group_acl", True):
+        ctx.log.warning(f"{root} has no POSIX ACL support: team members must use umask 0007 to share files")
+    ctx.notes.append(f"team={team.name}")
+    return fields
+
+
+def _make_caches(root: str, team: Team, project_id: str, owner: LayoutOwner, warnings: list[str]) -> dict[str, Any]:
+    """The work of :func:`make_caches`, as the layout owner (in-process for root, else in its child)."""
     fd = _open_root(root, "shared cache root")
     acl = True
     opened: list[int] = [fd]
     where = root
+    uid = owner.uid
     try:
         def step(parent: int, name: str, uid: int, gid: int, mode: int) -> int:
             nonlocal where
@@ -223,32 +301,120 @@ def make_caches(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, object
             try:
                 child, _ = ensure_dir_at(parent, name, uid=uid, gid=gid, mode=mode)
             except UnsafeEntry as exc:
-                raise HookUserError(f"cache directory {where} {exc.reason}; refusing to use it "
-                                    "(an admin must remove or fix it)") from None
+                fix = "an admin must remove or fix it"
+                if not owner.is_root and name == "teams":
+                    fix = (f"it must belong to {owner.name}, the shared_fs_identity: "
+                           "an admin runs slurm-bt admin install")
+                raise HookUserError(f"cache directory {where} {exc.reason}; refusing to use it ({fix})") from None
+            except PermissionError as exc:
+                fix = ("root is squashed on this filesystem? set shared_fs_identity in hooks.toml "
+                       "(docs/admin.md \"Root-squashed shared filesystems\")" if owner.is_root
+                       else f"{owner.name} must own {root}/teams: an admin runs slurm-bt admin install")
+                raise HookUserError(f"{where}: {exc.strerror} ({fix})") from None
             except OSError as exc:
                 raise _storage_error(exc, where) from None
             opened.append(child)
             return child
 
-        teams = step(fd, "teams", 0, 0, 0o755)
-        team_fd = step(teams, team.name, 0, team.gid, 0o2750)
-        shared = step(team_fd, "shared", 0, team.gid, 0o2770)
+        # root's teams/ keeps group root; the identity leaves the group alone (it is not in root's group)
+        teams = step(fd, "teams", uid, 0 if owner.is_root else -1, 0o755)
+        team_fd = step(teams, team.name, uid, team.gid, 0o2750)
+        shared = step(team_fd, "shared", uid, team.gid, 0o2770)
         team_cache = where
         acl = set_default_group_acl(shared) and acl
         where = f"{root}/teams/{team.name}"
-        projects = step(team_fd, "projects", 0, team.gid, 0o2750)
-        project = step(projects, spec.project_id, 0, team.gid, 0o2770)
+        projects = step(team_fd, "projects", uid, team.gid, 0o2750)
+        project = step(projects, project_id, uid, team.gid, 0o2770)
         acl = set_default_group_acl(project) and acl
         os.utime(project)  # "last used" for `slurm-bt cache summarize` (atime is unreliable)
         project_cache = where
     finally:
         for o in reversed(opened):
             os.close(o)
-    if not acl:
-        ctx.log.warning(f"{root} has no POSIX ACL support: team members must use umask 0007 to share files")
-    ctx.notes.append(f"team={team.name}")
     return {"team": team.name, "team_gid": team.gid, "cache_root": root, "team_cache": team_cache,
             "project_cache": project_cache, "group_acl": acl}
+
+
+def make_store_team_dir(ctx: HookContext, spec: JobSpec, team: Team) -> None:
+    """``<store>/_teams/<team>`` of the site's ``file://`` checkpoint store, as the layout owner; never raises.
+
+    Why here: a team's namespace in the store (docs/checkpoints.md) must be the team's before its first
+    upload, and only the layout owner (root, or ``shared_fs_identity`` where root is squashed) may
+    create entries in ``_teams`` (a user who did could rename other teams' directories away). Root
+    creates a missing ``_teams`` (``root:root 0755``) in the admin's store root; the identity needs it
+    made by ``slurm-bt admin install``. Housekeeping: a failure is logged, and the job's prepare step
+    then fails with the directory and the fix.
+    """
+    from slurm_bt.posix.teams import team_slug
+    from slurm_bt.storage.url import parse_store_url
+
+    store = ctx.site.storage.checkpoint_store
+    if not store.startswith("file://") or not (spec.checkpointing.enabled or spec.load_checkpoint.enabled):
+        return
+    try:
+        root = parse_store_url(store).prefix
+        owner = layout_owner(ctx)
+        problem = owner.group_problem(team.gid)
+        if problem is not None:
+            ctx.log.warning(f"checkpoint store team directory: {problem}")
+            return
+        slug = team_slug(team.name)
+        fields = _as_layout_owner(ctx, owner, _caught(lambda warnings: _make_store_team_dir(root, slug, team.gid,
+                                                                                            owner)),
+                                  f"{root}/_teams/{slug}")
+        if fields.get("created"):
+            ctx.notes.append(f"store team dir {root}/_teams/{slug}")
+    except (HookUserError, NodeFault) as exc:
+        ctx.log.warning(f"checkpoint store team directory not made: {exc}")
+    except Exception as exc:  # housekeeping: the prepare step reports what is wrong
+        ctx.log.error(f"checkpoint store team directory not made: {type(exc).__name__}: {exc}")
+
+
+def _make_store_team_dir(root: str, slug: str, gid: int, owner: LayoutOwner) -> dict[str, Any]:
+    """The work of :func:`make_store_team_dir`, as the layout owner."""
+    from slurm_bt.trusted_files import is_team_dir
+
+    where = f"{root}/_teams"
+    try:
+        rfd = open_trusted_dir(root, allow_sticky_final=True)
+    except (OSError, UntrustedPath) as exc:
+        raise HookUserError(f"checkpoint store {root} cannot be used: {exc}") from None
+    opened = [rfd]
+    try:
+        try:
+            tfd, _ = ensure_dir_at(rfd, "_teams", uid=owner.uid, gid=-1, mode=0o755, adopt_modes=False)
+        except UnsafeEntry as exc:
+            try:
+                tfd = os.open("_teams", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=rfd)
+            except FileNotFoundError:  # made as nobody and taken back: root is squashed here
+                raise HookUserError(f"{where} {exc.reason}; set shared_fs_identity in hooks.toml and run "
+                                    "slurm-bt admin install") from None
+            opened.append(tfd)
+            st = os.fstat(tfd)
+            # an admin's (root) or legacy 1777 _teams is fine; anything else the store refuses too
+            if st.st_uid != 0 or (stat.S_IMODE(st.st_mode) & 0o002 and not st.st_mode & stat.S_ISVTX):
+                raise HookUserError(f"{where} belongs to uid {st.st_uid} (mode {stat.S_IMODE(st.st_mode):04o}), "
+                                    "not to root or the shared_fs_identity: an admin removes it, then runs "
+                                    "slurm-bt admin install") from None
+        except PermissionError as exc:
+            raise HookUserError(f"{where}: {exc.strerror} (an admin runs slurm-bt admin install)") from None
+        else:
+            opened.append(tfd)
+        try:
+            fd, created = ensure_dir_at(tfd, slug, uid=owner.uid, gid=gid, mode=0o2770, adopt_modes=False)
+            os.close(fd)
+        except UnsafeEntry:
+            st = os.stat(slug, dir_fd=tfd, follow_symlinks=False)
+            if not is_team_dir(st, gid):  # a teammate's upload made it in a legacy 1777 _teams: the team's
+                raise HookUserError(f"{where}/{slug} is not a directory of team group {gid} (uid {st.st_uid}, gid "
+                                    f"{st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}): an admin removes it") from None
+            created = False
+        except PermissionError as exc:
+            raise HookUserError(f"{where}/{slug}: {exc.strerror} (an admin runs slurm-bt admin install)") from None
+        return {"created": created}
+    finally:
+        for o in reversed(opened):
+            os.close(o)
 
 
 def _read_manifests_as_user(ctx: HookContext, spec: JobSpec) -> list[str]:
@@ -485,6 +651,14 @@ def prolog_body(ctx: HookContext) -> None:
     if spec.cache.enabled and team is not None:
         ctx.phase = "caches"
         record.update(make_caches(ctx, spec, team))
+    if spec.checkpointing.enabled or spec.load_checkpoint.enabled:
+        ctx.phase = "store-team-dir"
+        try:
+            store_team = team if team is not None else job_team(ctx)
+        except HookUserError as exc:  # the store falls back to the user's own group (checkpoints/store.py)
+            ctx.log.warning(f"checkpoint store team directory: {exc}")
+        else:
+            make_store_team_dir(ctx, spec, store_team)
     if spec.weights and team is not None:
         record.update(stage_weights(ctx, spec, team))
     if image and team is not None:

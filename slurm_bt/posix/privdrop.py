@@ -36,7 +36,10 @@ import pwd
 import resource
 import select
 import signal
+import socket
+import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -49,6 +52,8 @@ __all__ = [
     "ChildError",
     "ChildLimits",
     "ChildTimeout",
+    "FileOpener",
+    "NotRegularFile",
     "PrivilegeDropError",
     "run_as_job_user",
     "run_as_uid",
@@ -387,6 +392,179 @@ def run_as_uid(fn: Callable[[], Any], *, uid: int, gid: int, timeout_s: float,
             raise PrivilegeDropError("drop", f"uid {uid} has no passwd entry") from None
     return run_in_child(fn, timeout_s=timeout_s, drop_to=drop_to, max_result_bytes=max_result_bytes,
                         extra_env=extra_env, limits=limits if limits is not None else DEFAULT_LIMITS)
+
+
+class NotRegularFile(OSError):
+    """What a :class:`FileOpener` found at a name is not a regular file (a FIFO, device, directory or
+    symlink); nothing was opened."""
+
+
+_OPENER_READY = b"R"
+_OPENER_FD = b"K"
+_OPENER_ERR = b"E"
+_OPENER_NOT_REGULAR = b"N"
+_OPENER_LIMITS = ChildLimits(memory_bytes=512 * 1024**2, cpu_s=3600, max_files=64)
+"""The opener only opens and fstats: little memory, few descriptors; CPU seconds bound its whole life."""
+
+
+class FileOpener:
+    """Opens files as another user in a long-lived, privilege-dropped child and hands back descriptors.
+
+    Why: on a shared filesystem that squashes root (NFS ``root_squash``, Lustre nodemaps, GlusterFS
+    ``server.root-squash``) root on a node acts as ``nobody`` and cannot open a team's ``2770``
+    directory; and even where it could, root should not open paths inside a directory tenants
+    write. The child becomes the job user (the drop of :func:`run_in_child`, verified, with
+    ``no_new_privs`` and resource limits), opens each requested path there with
+    ``O_NOFOLLOW|O_NONBLOCK`` (a symlink or FIFO planted at the name is never followed or waited on),
+    refuses anything but a regular file, and passes the open descriptor back over a
+    ``SOCK_SEQPACKET`` socket (``SCM_RIGHTS``). Reads on that descriptor then run with the opener's
+    credentials (an NFS client and GlusterFS's FUSE client both check access at open). So root
+    reads exactly what the job user could read, and nothing else; the bytes are untrusted and
+    callers verify them (the node tier hashes every blob it writes).
+
+    A request that takes longer than ``request_timeout_s`` (a hung filesystem) kills the child and
+    fails with ``ETIMEDOUT``; later requests start a new child. Thread-safe (one request at a time).
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, env: SlurmHookEnv, *, request_timeout_s: float = 60.0,
+                 limits: ChildLimits = _OPENER_LIMITS) -> None:
+        self.env = env
+        self.request_timeout_s = request_timeout_s
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._pid = 0
+
+    def __enter__(self) -> FileOpener:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> FileOpener:
+        """Start the child now (before the caller starts threads: a fork is safest without them).
+
+        Raises:
+            PrivilegeDropError: the child could not become the user.
+        """
+        with self._lock:
+            if self._sock is None:
+                self._start()
+        return self
+
+    def close(self) -> None:
+        """End the child (its whole process group) and close the socket."""
+        with self._lock:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._pid:
+            _kill_and_reap(self._pid)
+            self._pid = 0
+
+    def _start(self) -> socket.socket:
+        try:
+            pwd.getpwuid(self.env.uid)
+        except KeyError:
+            raise PrivilegeDropError("drop", f"uid {self.env.uid} has no passwd entry") from None
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            parent.close()
+            self._serve(child)
+        child.close()
+        self._pid, self._sock = pid, parent
+        parent.settimeout(self.request_timeout_s)
+        try:
+            ready = parent.recv(4096)
+        except (TimeoutError, OSError):
+            ready = b""
+        if ready != _OPENER_READY:
+            self._stop()
+            raise PrivilegeDropError("drop", f"cannot open files as {self.env.user} (uid {self.env.uid}): "
+                                             + (ready[1:].decode(errors="replace") or "the opener did not start"))
+        return parent
+
+    def _serve(self, sock: socket.socket) -> None:  # pragma: no cover - runs in the child
+        code = 0
+        try:
+            os.setpgid(0, 0)
+            _redirect_stdio_and_close(sock.fileno())
+            try:
+                _drop_to(self.env)
+                _sanitize_process(self.env)
+                _no_new_privs()
+                _apply_limits(self.limits, self.request_timeout_s)
+            except OSError as exc:
+                sock.send(_OPENER_ERR + f"privilege drop failed: {exc.strerror or exc}".encode())
+                return
+            sock.send(_OPENER_READY)
+            while True:
+                path = sock.recv(8192)
+                if not path:  # the parent closed its end (or died): done
+                    return
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                except OSError as exc:
+                    sock.send(_OPENER_ERR + str(exc.errno or errno.EIO).encode())
+                    continue
+                try:
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        socket.send_fds(sock, [_OPENER_FD], [fd])
+                    else:
+                        sock.send(_OPENER_NOT_REGULAR)
+                finally:
+                    os.close(fd)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+
+    def open_regular(self, path: str | os.PathLike[str]) -> int:
+        """A read descriptor (blocking, close-on-exec) on the regular file at ``path``, opened as the user.
+
+        Raises:
+            FileNotFoundError: nothing there (or a component is missing).
+            NotRegularFile: a symlink, FIFO, device or directory is there.
+            OSError: the user may not open it (``EACCES``), the request timed out (``ETIMEDOUT``), or
+                another error of the open.
+            PrivilegeDropError: the child could not become the user.
+        """
+        name = os.fsencode(path)
+        with self._lock:
+            sock = self._sock if self._sock is not None else self._start()
+            try:
+                sock.send(name)
+                msg, fds, _flags, _addr = socket.recv_fds(sock, 64, 1)
+            except (TimeoutError, OSError) as exc:
+                self._stop()
+                timed_out = isinstance(exc, TimeoutError)
+                err = errno.ETIMEDOUT if timed_out else (exc.errno or errno.EIO)
+                raise OSError(err, "opening it as the job user did not finish in time" if timed_out
+                              else f"the opener failed: {exc}", os.fsdecode(name)) from None
+        if msg == _OPENER_FD and len(fds) == 1:
+            fd = fds[0]
+            os.set_inheritable(fd, False)
+            # the child is the user's: check again what it sent (a regular file, nothing else)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise NotRegularFile(errno.EINVAL, "is not a regular file", os.fsdecode(name))
+            os.set_blocking(fd, True)
+            return fd
+        for extra in fds:
+            os.close(extra)
+        if msg == _OPENER_NOT_REGULAR:
+            raise NotRegularFile(errno.EINVAL, "is not a regular file", os.fsdecode(name))
+        if msg.startswith(_OPENER_ERR) and msg[1:].isdigit():
+            err = int(msg[1:])
+            raise OSError(err, os.strerror(err), os.fsdecode(name))
+        with self._lock:
+            self._stop()
+        raise OSError(errno.EIO, "the opener sent an unexpected reply", os.fsdecode(name))
 
 
 def spawn_detached(argv: list[str], env: Mapping[str, str], log_path: str | None) -> subprocess.Popen[bytes]:

@@ -255,8 +255,14 @@ def ensure_dir_at(parent_fd: int, name: str, *, uid: int, gid: int, mode: int,
     try:
         st = os.fstat(fd)
         if created:
-            if st.st_uid != 0 and os.geteuid() == 0:  # pragma: no cover - needs a racing root
-                raise UnsafeEntry(name, f"changed owner to uid {st.st_uid} while being created")
+            if st.st_uid != 0 and os.geteuid() == 0:
+                # Not a race in practice: a filesystem that squashes root (NFS root_squash, GlusterFS
+                # server.root-squash) made it as nobody. Take it back (it is ours and empty), so that
+                # no stray directory of nobody's blocks the name for root or the site's identity.
+                with contextlib.suppress(OSError):
+                    os.rmdir(name, dir_fd=parent_fd)
+                raise UnsafeEntry(name, f"was created as uid {st.st_uid}, not root: root is squashed on this "
+                                        "filesystem (docs/admin.md \"Root-squashed shared filesystems\")")
             os.fchown(fd, uid, gid)
             os.fchmod(fd, mode)  # after fchown: chown clears the setgid bit
         elif st.st_uid != uid and (st := _owner_settled(fd, st, uid)).st_uid != uid:

@@ -152,7 +152,8 @@ def read_squats(node: str, state_root: str = STATE_ROOT) -> list[Squat]:
 
 def sidestep_squat(parent_fd: int, parent: str, name: str, *, aside_tag: str, what: str, why: str,
                    node: str, victim_uid: int, job_id: str, state_root: str, removal_deadline: float,
-                   warn: Callable[[str], None], notes: list[str], note_label: str) -> None:
+                   warn: Callable[[str], None], notes: list[str], note_label: str,
+                   record: Callable[..., None] | None = None) -> None:
     """Rename a squatted ``name`` aside, remove it (bounded), log and record the squat.
 
     The one sidestep of the root hooks' squat handling (the per-user runtime directory, the weights
@@ -165,6 +166,8 @@ def sidestep_squat(parent_fd: int, parent: str, name: str, *, aside_tag: str, wh
         why: whose directory belongs there (``where uid 1001's directory belongs``).
         removal_deadline: ``time.monotonic()`` value after which the removal stops.
         warn: the hook log's warning writer; ``notes`` gets ``<note_label> squat by uid N sidestepped``.
+        record: :func:`record_squat` (default), or a stand-in with its signature for a caller running
+            as the shared-filesystem identity, which records in the parent (root's notes).
     """
     try:
         st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
@@ -185,7 +188,7 @@ def sidestep_squat(parent_fd: int, parent: str, name: str, *, aside_tag: str, wh
          f"(mode {stat.S_IMODE(st.st_mode):04o}) {why}; {action}")
     notes.append(f"{note_label} squat by uid {st.st_uid} sidestepped")
     try:
-        record_squat(node, path=path, owner_uid=st.st_uid, kind=kind, victim_uid=victim_uid,
-                     job_id=job_id, action=action, state_root=state_root)
+        (record or record_squat)(node, path=path, owner_uid=st.st_uid, kind=kind, victim_uid=victim_uid,
+                                 job_id=job_id, action=action, state_root=state_root)
     except OSError as exc:  # a report only: the hook log above has it
         warn(f"cannot record the squat of {path}: {exc}")

@@ -9,6 +9,11 @@ the job's config: ``team_name`` in a truss config and the account string are use
 Why groups and not accounts: the kernel enforces groups (``2770 root:<group>`` directories give
 members access and everyone else ``EACCES``), while an account is only a string in slurmdbd that
 any user may name at submit time unless ``AccountingStorageEnforce`` is set.
+
+A team's *slug* (:func:`team_slug`) is how its group name is spelled wherever it names a directory or
+a key prefix shared by features: ``<cluster_cache>/teams/<slug>`` (weights) and
+``<checkpoint store>/_teams/<slug>/`` (checkpoints). It lives here, below both features, so that
+each side spells it the same way without importing the other.
 """
 
 from __future__ import annotations
@@ -21,9 +26,29 @@ from dataclasses import dataclass
 
 from slurm_bt.posix.hook_env import SlurmHookEnv
 
-__all__ = ["Team", "TeamError", "resolve_team"]
+__all__ = ["TEAM_SLUG", "Team", "TeamError", "is_team_slug", "resolve_team", "team_slug"]
 
 _SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_TEAM_SLUG = re.compile(r"[^a-z0-9_.-]+")
+TEAM_SLUG = re.compile(r"[a-z0-9_][a-z0-9_.-]{0,63}")
+"""What :func:`team_slug` returns (lower case, never ``.``, ``..`` or a leading ``-``); :func:`is_team_slug`."""
+
+
+def team_slug(group: str) -> str:
+    """The directory name of Unix group ``group``'s team: ``<cluster_cache>/teams/<slug>``, ``<store>/_teams/<slug>``.
+
+    One function for every side: the staging job publishes into the tier ``weights.plan.team_for_user``
+    names, the root prolog authorizes node staging against the tier of the team *it* resolved
+    (:func:`resolve_team`), and the checkpoint uploader on the node and the resolver at submit name
+    the same checkpoint namespace; all must spell the directory the same way.
+    """
+    slug = _TEAM_SLUG.sub("-", group.lower()).strip("-.") or "default"
+    return slug[:64]
+
+
+def is_team_slug(name: str) -> bool:
+    """Whether ``name`` can be a team slug (a value read back from a file is checked with this)."""
+    return bool(TEAM_SLUG.fullmatch(name))
 
 
 class TeamError(ValueError):

@@ -15,6 +15,8 @@ Format (all keys optional; unknown keys are errors)::
     scratch_min_free_mib = 1024  # below this the prolog fails the job (not the node)
     flush_budget_s = 45          # epilog: checkpoint flush
     node_cache_budget_s = 10     # epilog: node-cache lease release + LRU
+    shared_fs_identity = "slurmbt"  # root-squashed shared filesystems: the service account that creates
+                                    # team directories there (docs/admin.md "Root-squashed shared filesystems")
     [team_groups]                # Slurm account -> Unix group that owns the team cache
     ml-research = "mlteam"
     [handoff]                    # checkpoint hand-offs (docs/checkpoints.md): quarantine and bounds
@@ -50,6 +52,7 @@ __all__ = ["DEFAULT_HOOKS_PATH", "HandoffPolicy", "HookConfigError", "HookSettin
 DEFAULT_HOOKS_PATH = Path("/etc/slurm-bt/hooks.toml")
 
 _GroupName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")]
+_UserName = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")]
 _Account = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")]
 
 
@@ -104,6 +107,9 @@ class HookSettings(BaseModel):
             detached, niced sweep that finishes the upload after the node is released; ``off``:
             only the periodic ``slurm-bt checkpoints resume-handoffs`` does.
         handoff: bounds of hand-offs and of their upload children (:class:`HandoffPolicy`).
+        shared_fs_identity: the user that creates team and project directories on the shared
+            filesystem (``posix.layout_owner``); ``None``: root does. Needed where the shared
+            filesystem squashes root; the account must be a member of every team group.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -116,6 +122,7 @@ class HookSettings(BaseModel):
     flush_budget_s: float = Field(default=45.0, ge=0, le=3600)
     node_cache_budget_s: float = Field(default=10.0, ge=0, le=3600)
     team_groups: dict[_Account, _GroupName] = Field(default_factory=dict)
+    shared_fs_identity: _UserName | None = None
     stale_scratch_after_s: float = Field(default=3600.0, ge=0)
     resume_handoffs: Literal["background", "off"] = "background"
     handoff: HandoffPolicy = Field(default_factory=HandoffPolicy)

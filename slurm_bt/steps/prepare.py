@@ -152,7 +152,7 @@ def prepare_node(spec_path: Path, environ: Mapping[str, str], *, state_root: str
 
         load_dir = host_load_dir(spec, job_id, environ.get("SLURMD_NODENAME"))
         if load_dir is not None:
-            resume_or_load(spec, environ, load_dir)
+            resume_or_load(spec, environ, load_dir, account=team or environ.get("SLURM_JOB_ACCOUNT"))
     store = SecretStore(Path(user_path(spec.storage["secrets"])))
     runtime = Path(layout.runtime)
     _make_user_runtime(runtime.parent)

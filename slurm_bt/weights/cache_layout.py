@@ -196,11 +196,19 @@ class CacheLayout:
             return None
         return m
 
-    def is_complete(self, manifest: Manifest) -> bool:
-        """True when the COMPLETE marker for ``manifest`` exists with exactly its canonical JSON."""
+    def is_complete(self, manifest: Manifest, open_file: Callable[[Path], int] | None = None) -> bool:
+        """True when the COMPLETE marker for ``manifest`` exists with exactly its canonical JSON.
+
+        ``open_file``: how to open the marker (a regular file, no symlink), e.g. a
+        :class:`~slurm_bt.posix.privdrop.FileOpener` acting as the job user; default: ourselves.
+        """
         want = manifest.canonical_json()
+        path = self.manifest_file(manifest.manifest_id)
         try:
-            fd = os.open(self.manifest_file(manifest.manifest_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            if open_file is not None:
+                fd = open_file(path)
+            else:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return False
         try:

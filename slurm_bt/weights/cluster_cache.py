@@ -35,6 +35,7 @@ from pathlib import Path
 
 from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.errors import StorageError
+from slurm_bt.posix.privdrop import FileOpener, NotRegularFile
 from slurm_bt.posix.safefs import remove_owned_tree
 from slurm_bt.storage.checksums import sha256_fd
 from slurm_bt.trusted_files import describe_owner as _describe
@@ -221,6 +222,10 @@ class ClusterCache:
         #: Why this tier must not be used at all (a squatted or user-made tier), else None. A refused
         #: tier has no entries and no blobs for its readers: it is sidestepped, never trusted.
         self.refused: str | None = None
+        #: Opens this tier's files for a root reader as the job user (``posix.privdrop.FileOpener``):
+        #: set by the node side for a team tier, which root must not (and on a root-squashed
+        #: filesystem cannot) open itself. ``None``: this process opens them.
+        self.opener: FileOpener | None = None
 
     @classmethod
     def for_team(cls, base: Path, team: str, **kwargs: object) -> ClusterCache:
@@ -251,7 +256,8 @@ class ClusterCache:
 
     def has(self, manifest: Manifest) -> bool:
         """The entry is complete: its COMPLETE marker exists with exactly this manifest's JSON."""
-        return self.refused is None and self.layout.is_complete(manifest)
+        opener = self.opener
+        return self.refused is None and self.layout.is_complete(manifest, opener.open_regular if opener else None)
 
     def missing_blobs(self, manifest: Manifest) -> list[ManifestFile]:
         """Distinct blobs of ``manifest`` not present at the right size (one per sha256)."""
@@ -270,7 +276,17 @@ class ClusterCache:
         """
         if self.refused is not None:
             raise FileNotFoundError(errno.ENOENT, self.refused, str(self.layout.blob(f.sha256)))
-        return open_regular(self.layout.blob(f.sha256))
+        path = self.layout.blob(f.sha256)
+        if self.opener is None:
+            return open_regular(path)
+        try:
+            return self.opener.open_regular(path)
+        except NotRegularFile:
+            raise StorageError(str(path), "is not a regular file; refusing to read it") from None
+        except FileNotFoundError:
+            raise
+        except OSError as exc:  # as open_regular says it: the user may not open it, a hung filesystem
+            raise StorageError(str(path), f"cannot open as the job user: {exc.strerror}") from exc
 
     # -- publishing -------------------------------------------------------------------------------
 

@@ -936,6 +936,9 @@ class _TierDirs:
             if c.refused is not None:
                 continue
             blobs = os.fspath(c.layout.blobs)
+            if c.opener is not None:  # opened as the job user, blob by blob (root may not open blobs/)
+                self.tiers.append((c, -1, blobs))
+                continue
             try:
                 fd = os.open(blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except FileNotFoundError:

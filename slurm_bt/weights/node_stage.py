@@ -55,6 +55,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import WeightsJobError
+from slurm_bt.posix.hook_env import SlurmHookEnv
+from slurm_bt.posix.privdrop import FileOpener
 from slurm_bt.storage.checksums import sha256_fd
 from slurm_bt.trusted_files import read_trusted_file
 from slurm_bt.weights.manifest import Manifest
@@ -267,6 +269,15 @@ def stage_for_job(
         raise WeightsJobError(f"job declares {len(spec.weights)} weights sources but {len(manifests)} manifests "
                               "were found")
     nodes = _NodeTiers.open(environ, site, team, team_gid, log)
+    try:
+        return _stage_weights(environ, spec, manifests, nodes, job_id, log, stager, wait_s)
+    finally:
+        nodes.close()
+
+
+def _stage_weights(environ: Mapping[str, str], spec: JobSpec, manifests: Sequence[str | bytes], nodes: _NodeTiers,
+                   job_id: str, log: Callable[[str], None] | None, stager: StagerPolicy | None,
+                   wait_s: float | None) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     waiting: list[tuple[dict[str, Any], NodeCache, Manifest]] = []
     t_start = time.monotonic()
@@ -324,6 +335,8 @@ class _NodeTiers:
     team_node: NodeCache
     site: SiteSettings
     log: Callable[[str], None] | None = None
+    #: ``(uid, gid)`` of the job user who reads the team tier (also for the node stager it starts)
+    reader: tuple[int, int] | None = None
 
     @classmethod
     def open(cls, environ: Mapping[str, str], site: SiteSettings, team: str, team_gid: int | None,
@@ -347,7 +360,19 @@ class _NodeTiers:
         public_node = _node_cache(site, environ)
         team_node = _node_cache(site, environ, NodeAudience(team, gid))
         public_node.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        return cls(base, team, shared, team_tier, public_node, team_node, site, log)
+        job_gid = int(environ.get("SLURM_JOB_GID", gid))
+        tiers = cls(base, team, shared, team_tier, public_node, team_node, site, log, reader=(uid, job_gid))
+        if os.geteuid() == 0 and uid != 0:
+            # Root never opens the team tier itself: the job user does and passes descriptors
+            # (a root-squashed filesystem would refuse root anyway; docs/weights-cache.md §2).
+            team_tier.opener = FileOpener(SlurmHookEnv.for_uid(uid, job_gid)).start()
+        return tiers
+
+    def close(self) -> None:
+        """End the job user's opener of the team tier, if any."""
+        if self.team_tier.opener is not None:
+            self.team_tier.opener.close()
+            self.team_tier.opener = None
 
     def authorize(self, m: Manifest) -> None:
         if not (self.team_tier.has(m) or self.shared.has(m)):
@@ -367,7 +392,8 @@ class _NodeTiers:
         if stager is None or hit:
             node.stage(m, [self.shared, self.team_tier], job_id, authorize=self.authorize)
         elif not node.join(m, job_id, authorize=self.authorize):
-            key = _start_stager(node, m, stager, base=self.base, team=self.team, shared=self.shared, site=self.site)
+            key = _start_stager(node, m, stager, base=self.base, team=self.team, shared=self.shared, site=self.site,
+                                reader=self.reader)
         if not public and self.public_node.withdraw(m) and self.log is not None:  # left world-readable before
             self.log(f"slurm-bt weights: withdrew {m.source}@{m.revision[:12]} from the node-wide layout "
                      f"(credentialed entries are team {self.team}'s only)")
@@ -459,16 +485,25 @@ def stage_image_for_job(
     Raises:
         WeightsJobError and the other exceptions of :func:`stage_for_job`, classified the same way.
     """
-    from slurm_bt.node.job_paths import IMAGE_LINK
-
     site = site or _trusted_site()
     job_id = environ["SLURM_JOB_ID"]
     m = image_manifest_for_job(spec, raw)
     nodes = _NodeTiers.open(environ, site, team, team_gid, log)
+    try:
+        return _stage_image(environ, spec, m, nodes, job_id, log, stager, wait_s)
+    finally:
+        nodes.close()
+
+
+def _stage_image(environ: Mapping[str, str], spec: JobSpec, m: Manifest, nodes: _NodeTiers, job_id: str,
+                 log: Callable[[str], None] | None, stager: StagerPolicy | None,
+                 wait_s: float | None) -> dict[str, Any]:
+    from slurm_bt.node.job_paths import IMAGE_LINK
+
     pin = spec.image_pin
     reference = pin.reference if pin is not None else spec.image
     t0 = time.monotonic()
-    if not site.containers.node_copy and nodes.shared.trusted_copy and nodes.shared.has(m) \
+    if not nodes.site.containers.node_copy and nodes.shared.trusted_copy and nodes.shared.has(m) \
             and nodes.shared.snapshot_path(m).is_dir():
         from slurm_bt.weights.job_view import link_job_weights
 
@@ -522,7 +557,7 @@ def prepare_job_image(spec: JobSpec, environ: Mapping[str, str], out: IO[str] | 
 
 
 def _start_stager(node: NodeCache, m: Manifest, policy: StagerPolicy, *, base: str, team: str,
-                  shared: ClusterCache, site: SiteSettings) -> str:
+                  shared: ClusterCache, site: SiteSettings, reader: tuple[int, int] | None = None) -> str:
     """Start (or join) the node stager of ``m``; returns its key (the job's first step waits on it)."""
     from slurm_bt.weights.node_stager import spawn, stager_key
 
@@ -531,7 +566,8 @@ def _start_stager(node: NodeCache, m: Manifest, policy: StagerPolicy, *, base: s
     request = {"manifest": m.canonical_json().decode(), "node_root": str(node.root),
                "audience": {"team": aud.team, "gid": aud.gid} if aud is not None else None,
                "cluster_base": str(base), "team": team, "shared_trusted": shared.trusted_copy,
-               "max_bytes": node.max_bytes, "reserve_bytes": node.reserve_bytes}
+               "max_bytes": node.max_bytes, "reserve_bytes": node.reserve_bytes,
+               "reader": {"uid": reader[0], "gid": reader[1]} if reader is not None else None}
     spawn(node.root, key, request, policy)
     return key
 

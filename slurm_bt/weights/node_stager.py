@@ -46,13 +46,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.atomic import write_file_atomic
-from slurm_bt.posix.privdrop import spawn_detached
+from slurm_bt.posix.hook_env import SlurmHookEnv
+from slurm_bt.posix.privdrop import FileOpener, spawn_detached
 from slurm_bt.trusted_files import read_trusted_file
 from slurm_bt.weights.locks import process_start_time
 from slurm_bt.weights.manifest import Manifest
 
 if TYPE_CHECKING:
     from slurm_bt.site.hook_settings import HookSettings
+    from slurm_bt.weights.cluster_cache import ClusterCache
+    from slurm_bt.weights.node_cache import NodeCache
 
 __all__ = ["STAGERS_DIR", "StagerPolicy", "live_stager", "main", "node_bounds", "policy_from_settings",
            "process_running", "progress_path", "read_progress", "run", "spawn", "stager_key"]
@@ -321,9 +324,7 @@ def _limit(policy: StagerPolicy, missing: int) -> None:
 
 def run(request_path: Path) -> int:
     """Copy the requested entry; exit 0 when it is ready, already being copied, or nobody waits."""
-    from slurm_bt.errors import CacheLockTimeout
     from slurm_bt.weights.cluster_cache import ClusterCache
-    from slurm_bt.weights.locks import LockOptions
     from slurm_bt.weights.node_cache import NodeAudience, NodeCache
 
     raw = read_trusted_file(request_path, max_bytes=_MAX_REQUEST)
@@ -340,9 +341,27 @@ def run(request_path: Path) -> int:
     base = Path(req["cluster_base"])
     shared = ClusterCache.shared(base)
     shared.trusted_copy = bool(req.get("shared_trusted")) and shared.refused is None and shared.root.is_dir()
-    tiers = [c for c in (shared, ClusterCache.for_team(base, str(req["team"]))) if c.refused is None]
-    mid = manifest.manifest_id
+    team_tier = ClusterCache.for_team(base, str(req["team"]))
+    tiers = [c for c in (shared, team_tier) if c.refused is None]
     path = request_path.with_name(f"{key}.progress")
+    reader = req.get("reader")
+    if isinstance(reader, dict) and os.geteuid() == 0 and int(reader["uid"]) != 0:
+        # as in the prolog: the job user opens the team tier's blobs and passes the descriptors;
+        # started before the tracker's thread (a fork is safest in a single-threaded process)
+        team_tier.opener = FileOpener(SlurmHookEnv.for_uid(int(reader["uid"]), int(reader["gid"]))).start()
+    try:
+        return _copy(request_path, key, path, node, manifest, tiers, policy)
+    finally:
+        if team_tier.opener is not None:
+            team_tier.opener.close()
+
+
+def _copy(request_path: Path, key: str, path: Path, node: NodeCache, manifest: Manifest, tiers: list[ClusterCache],
+          policy: StagerPolicy) -> int:
+    from slurm_bt.errors import CacheLockTimeout
+    from slurm_bt.weights.locks import LockOptions
+
+    mid = manifest.manifest_id
     try:
         # Single flight: the lock is held for the whole copy; a busy lock means a live stager.
         with node._lock(f"entry-{mid}", LockOptions(timeout_s=2.0)):

@@ -27,7 +27,6 @@ import grp
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import Problem, SourceAccessError, SourceError, SourceNotFoundError, SourceSpecError
+from slurm_bt.posix.teams import team_slug  # re-exported: the one spelling lives below the features
 from slurm_bt.posix.user_files import read_user_file
 from slurm_bt.render.quoting import sbatch_directive_value, shq
 from slurm_bt.storage.credentials import Credentials
@@ -79,7 +79,6 @@ PLAN_NAME = "plan.json"
 #: must not fill the staging job's memory), and it holds at most a few pinned listings, each
 #: bounded like a pin record (:func:`lookup_pin`).
 PLAN_MAX_BYTES = 256 << 20
-_TEAM_SLUG = re.compile(r"[^a-z0-9_.-]+")
 
 
 class PinnedFile(BaseModel):
@@ -213,17 +212,6 @@ def team_for_user(sbatch_args: Sequence[str] = (),
         if account:
             group = team_groups.get(account, group)
     return team_slug(group)
-
-
-def team_slug(group: str) -> str:
-    """The cluster-cache team directory name of Unix group ``group`` (``<cluster_cache>/teams/<slug>``).
-
-    One function for both sides: the staging job publishes into the tier :func:`team_for_user`
-    names, and the root prolog authorizes node staging against the tier of the team *it* resolved
-    (:func:`slurm_bt.hooks.teams.resolve_team`); both must spell the directory the same way.
-    """
-    slug = _TEAM_SLUG.sub("-", group.lower()).strip("-.") or "default"
-    return slug[:64]
 
 
 def caller_team_gid(team: str) -> int | None:

@@ -17,6 +17,12 @@ within a small budget, logged, and recorded for ``slurm-bt admin doctor`` (:mod:
 the victim's staging job then finds its real directory and goes on. A team directory a teammate's
 stager created (group = the team's, closed to others) is the team's and is kept.
 
+Where hooks.toml names a ``shared_fs_identity`` (root squashed on the shared filesystem: docs/admin.md),
+that account is the layout owner instead of root (:mod:`slurm_bt.posix.layout_owner`): the work runs in
+a child dropped to it, ``teams/`` must be its own (``slurm-bt admin install``) and ``teams/<team>`` is
+made ``<identity>:<team gid> 2770``; ``shared/`` stays an admin's. The child reports what it did (log
+lines, notes, squats) and the prolog logs and records it as root.
+
 All of it is housekeeping for the job's own team: a failure is logged and never fails the job or
 the node (the staging job checks the directories again, as the user, and fails with the fix).
 Every step works on directory fds (``O_NOFOLLOW``), so a symlink planted anywhere is never followed.
@@ -28,10 +34,12 @@ import os
 import stat
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from slurm_bt.posix.hook_env import SlurmHookEnv
+from slurm_bt.posix.layout_owner import LayoutOwner, LayoutOwnerError
 from slurm_bt.posix.safefs import (
     UnsafeEntry,
     UntrustedPath,
@@ -39,7 +47,7 @@ from slurm_bt.posix.safefs import (
     open_dir_at,
     open_trusted_dir,
 )
-from slurm_bt.posix.squat_records import sidestep_squat
+from slurm_bt.posix.squat_records import record_squat, sidestep_squat
 from slurm_bt.posix.teams import TeamError, resolve_team
 from slurm_bt.site.settings import SiteSettings, expand_path
 
@@ -54,6 +62,8 @@ class _Log(Protocol):
 class _TeamPolicy(Protocol):
     @property
     def team_groups(self) -> Mapping[str, str]: ...
+    @property
+    def shared_fs_identity(self) -> str | None: ...
 
 
 class HookContext(Protocol):
@@ -81,66 +91,101 @@ STAGING_COMMENT_PREFIX = "slurm-bt-staging:"
 """``weights.plan.render_staging_script`` puts ``--comment=slurm-bt-staging:<submit id>`` on staging jobs."""
 SQUAT_REMOVAL_BUDGET_S = 10.0
 _LEGACY_MODE = 0o1777  # what stagers before this module created for <cluster_cache> and teams/
+_OWNER_STEP_S = 30.0  # the identity's child: a few mkdirs on the shared filesystem
 
 
-def _adopt_or_create(ctx: HookContext, parent_fd: int, name: str, path: str) -> int:
-    """``name`` in ``parent_fd`` as a ``root:root 0755`` directory; a legacy stager-made 1777 one is adopted.
+@dataclass
+class _Run:
+    """One provisioning run: the job's facts it needs and what it did, which the hook logs and records.
+
+    Plain data, so that it works the same in-process (root) and in the identity's child, which has
+    no descriptor on the hook log and cannot write root's squat records: it returns this as JSON.
+    """
+
+    node: str
+    victim_uid: int
+    job_id: str
+    state_root: str
+    removal_deadline: float
+    owner: LayoutOwner
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    squats: list[dict[str, Any]] = field(default_factory=list)
+
+    def warning(self, message: str) -> None:
+        self.warnings.append(message)
+
+    def record(self, node: str, **kwargs: Any) -> None:
+        self.squats.append({"node": node, **kwargs})
+
+    def result(self) -> dict[str, Any]:
+        return {"warnings": self.warnings, "notes": self.notes, "squats": self.squats}
+
+
+def _adopt_or_create(run: _Run, parent_fd: int, name: str, path: str) -> int:
+    """``name`` in ``parent_fd`` as the layout owner's ``0755`` directory (root's, or the identity's).
+
+    Root adopts a legacy stager-made 1777 one. The identity also accepts a root-owned directory
+    nobody else can write (an admin made ``<cluster_cache>`` from a host where root is not squashed).
 
     Raises:
-        UnsafeEntry: it exists and is neither root's nor exactly a legacy 1777 directory.
+        UnsafeEntry: it exists and is neither the owner's nor exactly a legacy 1777 directory.
     """
+    owner = run.owner
     try:
-        # gid -1: an admin's group on an existing root-owned dir is left alone; only write access
-        # for group and others goes (with the tiers made here, nobody else needs to add entries)
-        fd, _ = ensure_dir_at(parent_fd, name, uid=0, gid=-1, mode=0o755, adopt_modes=False)
+        # gid -1: an admin's group on an existing dir is left alone; only write access for group
+        # and others goes (with the tiers made here, nobody else needs to add entries)
+        fd, _ = ensure_dir_at(parent_fd, name, uid=owner.uid, gid=-1, mode=0o755, adopt_modes=False)
     except UnsafeEntry:
         fd = open_dir_at(parent_fd, name)
     else:
         try:
             if stat.S_IMODE(os.fstat(fd).st_mode) & 0o022:
                 os.fchmod(fd, 0o755)
-                ctx.log.warning(f"{path} was writable by others; made it root 0755 (root creates the tiers in it)")
+                run.warning(f"{path} was writable by others; made it {owner.name} 0755 (the tiers are created in it)")
             return fd
         except BaseException:
             os.close(fd)
             raise
     try:
         st = os.fstat(fd)
-        if stat.S_IMODE(st.st_mode) != _LEGACY_MODE:
-            raise UnsafeEntry(name, f"is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}")
+        mode = stat.S_IMODE(st.st_mode)
+        if not owner.is_root and st.st_uid == 0 and not mode & 0o022:
+            return fd
+        if mode != _LEGACY_MODE or not owner.is_root:
+            raise UnsafeEntry(name, f"is owned by uid {st.st_uid} with mode {mode:04o}")
         # Made by an older stager: its owner could rename other teams' directories away. Root takes
         # it over; nothing inside changes hands.
         os.fchown(fd, 0, 0)
         os.fchmod(fd, 0o755)
-        ctx.log.warning(f"took over {path} (made by uid {st.st_uid}, mode 1777) as root:root 0755 so that no user "
-                        "can rename or squat the weights tiers in it")
+        run.warning(f"took over {path} (made by uid {st.st_uid}, mode 1777) as root:root 0755 so that no user "
+                    "can rename or squat the weights tiers in it")
         return fd
     except BaseException:
         os.close(fd)
         raise
 
 
-def _sidestep(ctx: HookContext, parent_fd: int, parent: str, name: str, why: str) -> None:
+def _sidestep(run: _Run, parent_fd: int, parent: str, name: str, why: str) -> None:
     """Rename a squatted ``name`` aside, remove it (bounded), log and record the squat."""
-    env = ctx.env
-    sidestep_squat(parent_fd, parent, name, aside_tag=name, what="weights tier", why=why, node=env.node,
-                   victim_uid=env.uid, job_id=env.job_id, state_root=ctx.state_root,
-                   removal_deadline=min(time.monotonic() + SQUAT_REMOVAL_BUDGET_S, ctx.deadline - 10.0),
-                   warn=ctx.log.warning, notes=ctx.notes, note_label="weights tier")
+    sidestep_squat(parent_fd, parent, name, aside_tag=name, what="weights tier", why=why, node=run.node,
+                   victim_uid=run.victim_uid, job_id=run.job_id, state_root=run.state_root,
+                   removal_deadline=run.removal_deadline, warn=run.warning, notes=run.notes,
+                   note_label="weights tier", record=run.record)
 
 
-def _ensure_owned(ctx: HookContext, parent_fd: int, parent: str, name: str, *, gid: int, mode: int,
+def _ensure_owned(run: _Run, parent_fd: int, parent: str, name: str, *, gid: int, mode: int,
                   is_ours: bool) -> int:
-    """``name`` as a root-owned dir (group ``gid``); a squat is sidestepped once, then created again."""
+    """``name`` as the layout owner's dir (group ``gid``); a squat is sidestepped once, then created again."""
     for _ in range(2):
         try:
-            fd, _ = ensure_dir_at(parent_fd, name, uid=0, gid=gid, mode=mode, adopt_modes=False)
+            fd, _ = ensure_dir_at(parent_fd, name, uid=run.owner.uid, gid=gid, mode=mode, adopt_modes=False)
         except UnsafeEntry as exc:
             if is_ours:
                 raise
-            _sidestep(ctx, parent_fd, parent, name, f"where root's directory belongs ({exc.reason})")
+            _sidestep(run, parent_fd, parent, name, f"where root's directory belongs ({exc.reason})")
             continue
-        # an existing root-owned dir keeps an admin's mode (e.g. 3770) minus what others must not have:
+        # an existing dir of ours keeps an admin's mode (e.g. 3770) minus what others must not have:
         # any access to a team tier, write access to the shared tier
         forbidden = 0o007 if gid >= 0 else 0o022
         current = stat.S_IMODE(os.fstat(fd).st_mode)
@@ -151,56 +196,82 @@ def _ensure_owned(ctx: HookContext, parent_fd: int, parent: str, name: str, *, g
 
 
 def provision_cluster_tiers(ctx: HookContext) -> None:
-    """Create the staging job's cluster-tier directories as root (see the module docstring); never raises."""
+    """Create the staging job's cluster-tier directories as the layout owner (module docstring); never raises."""
     try:
-        _provision(ctx)
+        _provision_for(ctx)
     except Exception as exc:  # housekeeping must never fail the job or drain the node
         ctx.log.error(f"weights tiers not provisioned: {type(exc).__name__}: {exc}")
 
 
-def _provision(ctx: HookContext) -> None:
-    from slurm_bt.weights.cluster_cache import team_tier_problem
+def _provision_for(ctx: HookContext) -> None:
     from slurm_bt.weights.plan import team_slug
 
     env = ctx.env
     try:
         team = resolve_team(env, ctx.settings.team_groups)
-    except TeamError as exc:
+        owner = LayoutOwner.resolve(ctx.settings.shared_fs_identity)
+    except (TeamError, LayoutOwnerError) as exc:
         ctx.log.warning(f"weights tiers: {exc}")
+        return
+    problem = owner.group_problem(team.gid)
+    if problem is not None:
+        ctx.log.warning(f"weights tiers: {problem}")
         return
     base = expand_path(ctx.site.storage.cluster_cache, user=env.user, uid=env.uid, home=env.home,
                        node=env.node).rstrip("/")
-    parent, _, leaf = base.rpartition("/")
+    run = _Run(env.node, env.uid, env.job_id, ctx.state_root,
+               min(time.monotonic() + SQUAT_REMOVAL_BUDGET_S, ctx.deadline - 10.0), owner)
     slug = team_slug(team.name)
+    timeout = max(1.0, min(_OWNER_STEP_S, ctx.deadline - time.monotonic() - 10.0))
+    out = owner.run(lambda: _provision(run, base, slug, team.name, team.gid), timeout_s=timeout)
+    for line in out.get("warnings") or []:
+        ctx.log.warning(str(line)[:1000])
+    ctx.notes.extend(str(n)[:200] for n in out.get("notes") or [])
+    for squat in out.get("squats") or []:
+        try:
+            record_squat(**squat)
+        except (OSError, TypeError) as exc:  # a report only: the hook log has the squat
+            ctx.log.warning(f"cannot record a squat: {exc}")
+
+
+def _provision(run: _Run, base: str, slug: str, team_name: str, team_gid: int) -> dict[str, Any]:
+    """The directories, as the layout owner (in-process for root, else in the identity's child)."""
+    from slurm_bt.weights.cluster_cache import team_tier_problem
+
+    parent, _, leaf = base.rpartition("/")
     opened: list[int] = []
     try:
         pfd = open_trusted_dir(parent or "/", allow_sticky_final=True)
         opened.append(pfd)
-        bfd = _adopt_or_create(ctx, pfd, leaf, base)
+        bfd = _adopt_or_create(run, pfd, leaf, base)
         opened.append(bfd)
-        # gid -1: an admin's group on an existing shared tier is left alone
-        os.close(_ensure_owned(ctx, bfd, base, "shared", gid=-1, mode=0o755, is_ours=False))
-        tfd = _adopt_or_create(ctx, bfd, "teams", f"{base}/teams")
+        if run.owner.is_root:  # the identity cannot and need not: the shared tier is an admin's, made once
+            # gid -1: an admin's group on an existing shared tier is left alone
+            os.close(_ensure_owned(run, bfd, base, "shared", gid=-1, mode=0o755, is_ours=False))
+        tfd = _adopt_or_create(run, bfd, "teams", f"{base}/teams")
         opened.append(tfd)
         path = f"{base}/teams/{slug}"
-        problem = team_tier_problem(_fd_path(tfd, slug), team.gid)
+        problem = team_tier_problem(_fd_path(tfd, slug), team_gid)
         if problem is not None:
-            _sidestep(ctx, tfd, f"{base}/teams", slug, f"where team {team.name}'s directory belongs ({problem})")
+            _sidestep(run, tfd, f"{base}/teams", slug, f"where team {team_name}'s directory belongs ({problem})")
         try:
-            os.close(_ensure_owned(ctx, tfd, f"{base}/teams", slug, gid=team.gid, mode=0o2770, is_ours=True))
+            os.close(_ensure_owned(run, tfd, f"{base}/teams", slug, gid=team_gid, mode=0o2770, is_ours=True))
         except UnsafeEntry:
-            if team_tier_problem(_fd_path(tfd, slug), team.gid) is not None:
+            if team_tier_problem(_fd_path(tfd, slug), team_gid) is not None:
                 raise
-            # a teammate's stager made it (member-owned, the team's group, closed to others): the team's
-        ctx.notes.append(f"weights tier {path}")
+            # root, an admin or a teammate's stager made it (the team's group, closed to others): the team's
+        run.notes.append(f"weights tier {path}")
     except (UntrustedPath, FileNotFoundError) as exc:
-        ctx.log.warning(f"weights tiers under {base} not provisioned ({exc}); the staging job creates and checks "
-                        "them as the user (admins: make the parent root-owned)")
+        run.warning(f"weights tiers under {base} not provisioned ({exc}); the staging job creates and checks "
+                    "them as the user (admins: make the parent root-owned)")
     except (UnsafeEntry, OSError) as exc:
-        ctx.log.warning(f"weights tiers under {base} not provisioned: {exc}; the staging job checks them as the user")
+        hint = "" if run.owner.is_root else f" ({run.owner.name} must own {base}/teams: slurm-bt admin install)"
+        run.warning(f"weights tiers under {base} not provisioned: {exc}{hint}; the staging job checks them as "
+                    "the user")
     finally:
         for fd in reversed(opened):
             os.close(fd)
+    return run.result()
 
 
 def _fd_path(dir_fd: int, name: str) -> Path:

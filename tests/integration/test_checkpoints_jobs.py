@@ -93,8 +93,13 @@ def _state(job_id: str) -> str:
 
 
 def _uploaded(seaweed: SeaweedS3, project: str, job_id: str) -> set[str]:  # noqa: F811
-    resp = seaweed.client().list_objects_v2(Bucket=BUCKET, Prefix=f"bt/{project}/{job_id}/rank-0/")
-    return {k["Key"].split("/")[4] for k in resp.get("Contents", [])}
+    # Uploads go to the job's team namespace, bt/_teams/<team>/<project>/<job>/ (docs/checkpoints.md):
+    # the team bt-sbatch and the prolog resolve for this user.
+    from slurm_bt.weights.plan import team_for_user
+
+    prefix = f"bt/_teams/{team_for_user()}/{project}/{job_id}/rank-0/"
+    resp = seaweed.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix)
+    return {k["Key"].split("/")[6] for k in resp.get("Contents", [])}
 
 
 def test_checkpoints_upload_during_the_job_then_load_in_the_next(

@@ -74,15 +74,15 @@ def test_rank_uploader_on_s3(s3: SeaweedS3, tmp_path: Path) -> None:
     (ckpt / "checkpoint-5/model.bin").write_bytes(os.urandom(9 * 1024 * 1024))
     (ckpt / "checkpoint-5/sub/a.json").write_text("{}")
     (ckpt / "checkpoint-5/.complete").touch()
-    up = RankUploader(store=store, ident=JobIdentity("S3 Demo", "s3-demo", "9001", "alice", 0, 1),
+    up = RankUploader(store=store, ident=JobIdentity("S3 Demo", "s3-demo", "9001", "alice", 0, 1, "btteam1"),
                       checkpoint_dir=ckpt, tracker=CompletionTracker(quiet_s=3600), log=lambda r, m: None)
     assert up.run_once() == ["checkpoint-5"]
-    index = read_job_index(store, "s3-demo", "9001")
+    index = read_job_index(store, "s3-demo", "9001", team="btteam1")
     assert index is not None and index.latest() is not None
-    keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=BUCKET, Prefix="store/s3-demo/9001/")["Contents"]}
-    assert {"store/s3-demo/9001/index.json", "store/s3-demo/9001/ranks/rank-0.json",
-            "store/s3-demo/9001/rank-0/checkpoint-5/model.bin",
-            "store/s3-demo/9001/rank-0/checkpoint-5/sub/a.json"} <= keys
+    job = "store/_teams/btteam1/s3-demo/9001"  # the team's namespace (docs/checkpoints.md)
+    keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=BUCKET, Prefix=f"{job}/")["Contents"]}
+    assert {f"{job}/index.json", f"{job}/ranks/rank-0.json", f"{job}/rank-0/checkpoint-5/model.bin",
+            f"{job}/rank-0/checkpoint-5/sub/a.json"} <= keys
     store.close()
 
 

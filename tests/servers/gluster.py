@@ -58,8 +58,8 @@ class SquashedVolume:
     def _probe_dir(self) -> Path:  # root-owned 0755: whether root may create in it tells the squash apart
         return self.mount / ".squash-probe"
 
-    def layout(self, dirs: dict[str, int]) -> None:
-        """Create ``dirs`` (relative path → mode) owned by root, with root squash off meanwhile."""
+    def layout(self, dirs: dict[str, int], owner: int = 0) -> None:
+        """Create ``dirs`` (relative path → mode) owned by ``owner`` (root), with root squash off meanwhile."""
         self.set_squash(False)
         # Probe a root-owned 0755 directory: in a 1777 one (the mount once laid out) squashed root may
         # create too, as nobody, and the wait would end before the squash is off.
@@ -68,7 +68,7 @@ class SquashedVolume:
         for rel, mode in {".squash-probe": 0o755, **dirs}.items():
             p = self.mount / rel
             p.mkdir(parents=True, exist_ok=True)
-            os.chown(p, 0, 0)
+            os.chown(p, 0 if rel == ".squash-probe" else owner, 0)
             os.chmod(p, mode)
         self.squash()
 

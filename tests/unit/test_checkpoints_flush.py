@@ -12,13 +12,15 @@ import pytest
 
 from slurm_bt.checkpoints.flush import STATE_NAME, flush_job_checkpoints
 from slurm_bt.checkpoints.handoff import resume_handoffs
-from slurm_bt.checkpoints.store import FileStore, UploadResult
+from slurm_bt.checkpoints.store import FileStore, UploadResult, team_group
 from slurm_bt.checkpoints.upload import read_job_index
 from slurm_bt.job_spec import JobSpec
 from slurm_bt.site.settings import SiteSettings
 from tests.spec_helpers import spec_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the epilog flush runs as root")
+TEAM = team_group(None)[0]
+"""The team namespace of root's jobs here (root's primary group, no prolog record, no account)."""
 
 CONFIG = """
 from truss_train import definitions
@@ -53,7 +55,7 @@ def test_flush_uploads_everything_left(tmp_path: Path) -> None:
     site, spec, _, env = _job(tmp_path)
     result = flush_job_checkpoints(env, 60, site=site)
     assert result.status == "done", result
-    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "777")
+    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "777", team=TEAM)
     assert index is not None and [c.name for c in index.checkpoints] == ["checkpoint-1", "checkpoint-2"]
     assert all(c.complete for c in index.checkpoints)
     again = flush_job_checkpoints(env, 60, site=site)
@@ -78,7 +80,7 @@ def test_budget_exhausted_hands_off_quickly_then_resume_finishes(tmp_path: Path,
 
     monkeypatch.setattr(FileStore, "upload_file", slow)
     started = time.monotonic()
-    result = flush_job_checkpoints(env, 3, site=site)
+    result = flush_job_checkpoints({**env, "SLURM_JOB_ACCOUNT": "no-such-group"}, 3, site=site)
     elapsed = time.monotonic() - started
     assert result.status == "handed-off", result
     assert elapsed < 4, f"the epilog was held {elapsed:.1f} s"
@@ -87,11 +89,14 @@ def test_budget_exhausted_hands_off_quickly_then_resume_finishes(tmp_path: Path,
     assert os.stat(entry.parent).st_uid == 0 and (os.stat(entry.parent).st_mode & 0o777) == 0o711
     record = json.loads((entry / "handoff.json").read_text())
     assert record["job_id"] == "778" and record["moved"] is True
+    # Without a prolog record, the account is kept for the resume, which picks the team namespace as the
+    # job's uploader did (a group the user is in; this one is not a group: the primary group).
+    assert (record["team"], record["account"]) == (None, "no-such-group")
     monkeypatch.undo()
     outcomes = resume_handoffs(root=entry.parent)
     assert [o.status for o in outcomes] == ["uploaded"], outcomes
     assert not entry.exists()
-    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "778")
+    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "778", team=TEAM)
     assert index is not None and len(index.checkpoints) == 2
 
 
@@ -122,7 +127,7 @@ def test_overlapping_sweeps_take_each_entry_once(tmp_path: Path, monkeypatch: py
         os.close(fd)
     assert [o.status for o in resume_handoffs(root=entry.parent)] == ["uploaded"]
     assert resume_handoffs(root=entry.parent) == [] and not entry.exists()
-    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "781")
+    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "781", team=TEAM)
     assert index is not None and len(index.checkpoints) == 2
 
 
@@ -156,7 +161,7 @@ def test_background_sweep_from_the_epilog_finishes_detached(tmp_path: Path, monk
     assert proc.wait(timeout=120) == 0, log.read_text()
     assert not entry.exists()
     assert "entry=782.n1 uploaded: 2 checkpoint(s)" in log.read_text()
-    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "782")
+    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "782", team=TEAM)
     assert index is not None and [c.complete for c in index.checkpoints] == [True, True]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import pwd
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -24,13 +25,21 @@ from slurm_bt.checkpoints.resolve import resolve_load_checkpoints
 from slurm_bt.checkpoints.resume import restart_count, resume_or_load
 from slurm_bt.checkpoints.retention import RetentionPolicy, select_expired
 from slurm_bt.checkpoints.scan import CompletionTracker
-from slurm_bt.checkpoints.store import CheckpointStore, open_store
-from slurm_bt.checkpoints.upload import JobIdentity, RankUploader, read_job_index
+from slurm_bt.checkpoints.store import CheckpointStore, open_store, team_group
+from slurm_bt.checkpoints.upload import JobIdentity, RankUploader
+from slurm_bt.checkpoints.upload import read_job_index as _read_job_index
 from slurm_bt.errors import ConfigError, StorageError
 from slurm_bt.site.settings import SiteSettings
 from tests.spec_helpers import spec_for
 
 USER = pwd.getpwuid(os.getuid()).pw_name
+TEAM = team_group(None)[0]
+"""The namespace this process's uploads go to (its primary group's slug)."""
+
+
+def read_job_index(store: CheckpointStore, project_id: str, job_id: str):  # type: ignore[no-untyped-def]
+    """The job's index in this process's team namespace, where :func:`_up` uploads."""
+    return _read_job_index(store, project_id, job_id, team=TEAM)
 
 
 def _ckpt(root: Path, name: str, data: bytes = b"x" * 100, marker: bool = True) -> None:
@@ -43,7 +52,7 @@ def _ckpt(root: Path, name: str, data: bytes = b"x" * 100, marker: bool = True) 
 def _up(store: CheckpointStore, ckpt: Path, rank: int, group: int, project: str = "Demo",
         job: str = "77") -> RankUploader:
     ckpt.mkdir(parents=True, exist_ok=True)
-    ident = JobIdentity(project, project.replace(" ", "-"), job, USER, rank, group)
+    ident = JobIdentity(project, project.replace(" ", "-"), job, USER, rank, group, TEAM)
     return RankUploader(store=store, ident=ident, checkpoint_dir=ckpt, tracker=CompletionTracker(quiet_s=3600),
                         log=lambda r, m: None)
 
@@ -176,7 +185,7 @@ def test_retention_deletes_from_the_store_and_never_reuploads(tmp_path: Path) ->
     assert index is not None
     assert [c.name for c in index.checkpoints] == ["checkpoint-3", "checkpoint-4"]
     assert set(index.expired) == {"checkpoint-1", "checkpoint-2"}
-    on_disk = tmp_path / "store/Demo/77/rank-0"
+    on_disk = tmp_path / f"store/_teams/{TEAM}/Demo/77/rank-0"
     assert sorted(p.name for p in on_disk.iterdir()) == ["checkpoint-3", "checkpoint-4"]
     assert up.run_once(final=True) == [], "an expired checkpoint still on the node is not uploaded again"
     fresh = _up(store, tmp_path / "n0", 0, 1)  # a new process (e.g. the epilog's flush) agrees
@@ -347,11 +356,31 @@ def test_retention_never_deletes_in_another_users_job_directory(tmp_path: Path) 
     up = _up(store, tmp_path / "n0", 0, 1)
     _ckpt(tmp_path / "n0", "checkpoint-1")
     up.run_once()
-    job_dir = tmp_path / "store/Demo/77"
+    job_dir = tmp_path / f"store/_teams/{TEAM}/Demo/77"
     for path in (job_dir, *job_dir.rglob("*")):
         os.lchown(path, 4242, -1)  # now someone else's job directory
     with pytest.raises(UntrustedLocation):
-        store.delete_tree("Demo/77/rank-0/checkpoint-1")
+        store.delete_tree(f"_teams/{TEAM}/Demo/77/rank-0/checkpoint-1")
     assert (job_dir / "rank-0/checkpoint-1/model.bin").is_file()
-    with pytest.raises(StorageError):
-        store.delete_tree("Demo/77")  # never a whole job (or project)
+    for above in (f"_teams/{TEAM}/Demo/77", f"_teams/{TEAM}/Demo", f"_teams/{TEAM}", "_teams", "Demo/77"):
+        with pytest.raises(StorageError, match="refusing to delete above"):
+            store.delete_tree(above)  # never a whole job, project or namespace
+
+
+def test_restart_finds_an_earlier_run_at_the_legacy_location(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A job queued across the upgrade: its first run uploaded to ``<store>/<project>/<job>``."""
+    site = _site(tmp_path)
+    spec = spec_for(_config(tmp_path, ""), site)
+    up = _up(open_store(site.storage.checkpoint_store), tmp_path / "run1", 0, 1, job="58")
+    _ckpt(tmp_path / "run1", "checkpoint-3", data=b"three" * 10)
+    up.run_once()
+    store_root = tmp_path / "store"
+    (store_root / "Demo").mkdir()
+    os.rename(store_root / "_teams" / TEAM / "Demo" / "58", store_root / "Demo" / "58")
+    shutil.copystat(store_root / "_teams" / TEAM / "Demo", store_root / "Demo")
+    os.chown(store_root / "Demo", -1, os.stat(store_root / "_teams" / TEAM / "Demo").st_gid)
+    dest = tmp_path / "load"
+    resume_or_load(spec, {"SLURM_JOB_ID": "58", "SLURMD_NODENAME": "n1", "SLURM_RESTART_COUNT": "1"}, dest)
+    assert (dest / "rank-0" / "checkpoint-3" / "model.bin").read_bytes() == b"three" * 10
+    assert "resuming from checkpoint 'checkpoint-3'" in capsys.readouterr().err

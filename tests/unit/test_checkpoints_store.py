@@ -13,10 +13,22 @@ from pathlib import Path
 import pytest
 
 from slurm_bt.checkpoints.index import FileEntry, RankCheckpoint, RankIndex, merge_parts
+from slurm_bt.checkpoints.locations import (
+    TEAMS_DIR,
+    checkpoint_key,
+    file_key,
+    index_key,
+    job_prefix,
+    project_prefix,
+    rank_index_key,
+)
 from slurm_bt.checkpoints.scan import CompletionTracker
-from slurm_bt.checkpoints.store import CheckpointStore, FileStore, UploadResult, open_store
+from slurm_bt.checkpoints.store import CheckpointStore, FileStore, UploadResult, open_store, team_group
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader, read_job_index
 from slurm_bt.errors import IntegrityError, StorageError
+
+TEAM = team_group(None)[0]
+"""The namespace this process's uploads go to (its primary group's slug: ``root`` in CI)."""
 
 
 def _write_ckpt(root: Path, name: str, files: dict[str, bytes], marker: bool = True) -> None:
@@ -29,7 +41,8 @@ def _write_ckpt(root: Path, name: str, files: dict[str, bytes], marker: bool = T
 
 
 def _uploader(store: CheckpointStore, ckpt: Path, rank: int = 0, group: int = 1) -> RankUploader:
-    return RankUploader(store=store, ident=JobIdentity("Demo Project", "demo-project", "4242", "alice", rank, group),
+    ident = JobIdentity("Demo Project", "demo-project", "4242", "alice", rank, group, TEAM)
+    return RankUploader(store=store, ident=ident,
                         checkpoint_dir=ckpt, tracker=CompletionTracker(quiet_s=3600), log=lambda r, m: None)
 
 
@@ -40,27 +53,29 @@ def test_file_store_upload_index_and_download(tmp_path: Path) -> None:
     up = _uploader(store, ckpt)
     assert up.run_once() == ["checkpoint-1"]
     assert up.run_once() == [], "idempotent: nothing new"
-    index = read_job_index(store, "demo-project", "4242")
+    index = read_job_index(store, "demo-project", "4242", team=TEAM)
     assert index is not None and index.latest() is not None
     view = index.get("checkpoint-1")
     assert view is not None and view.complete and view.file_count == 2
-    on_disk = tmp_path / "store/demo-project/4242"
+    on_disk = tmp_path / f"store/_teams/{TEAM}/demo-project/4242"
     assert (on_disk / "index.json").is_file() and (on_disk / "ranks/rank-0.json").is_file()
-    assert stat.S_IMODE(os.stat(tmp_path / "store/demo-project").st_mode) == 0o2770
+    assert stat.S_IMODE(os.stat(tmp_path / f"store/_teams/{TEAM}/demo-project").st_mode) == 0o2770
+    assert stat.S_IMODE(os.stat(tmp_path / f"store/_teams/{TEAM}").st_mode) == 0o2770
+    assert not (tmp_path / "store/demo-project").exists(), "uploads never go to the legacy layout"
     assert stat.S_IMODE(os.stat(on_disk / "rank-0/checkpoint-1/model.safetensors").st_mode) == 0o640
     assert not (on_disk / "rank-0/checkpoint-1/.complete").exists()
     # download verifies sha256; a tampered copy in the store is refused and nothing is left behind
     f = next(x for x in view.ranks[0] if x.path == "model.safetensors")
     dest = tmp_path / "dl/model.safetensors"
-    store.download_file("demo-project/4242/rank-0/checkpoint-1/model.safetensors", dest, size=f.size, sha256=f.sha256)
+    key = file_key("demo-project", "4242", 0, "checkpoint-1", "model.safetensors", team=TEAM)
+    store.download_file(key, dest, size=f.size, sha256=f.sha256)
     assert dest.read_bytes() == (ckpt / "checkpoint-1/model.safetensors").read_bytes()
     stored = on_disk / "rank-0/checkpoint-1/model.safetensors"
     blob = bytearray(stored.read_bytes())
     blob[100] ^= 1
     stored.write_bytes(bytes(blob))
     with pytest.raises(IntegrityError):
-        store.download_file("demo-project/4242/rank-0/checkpoint-1/model.safetensors", tmp_path / "dl2/m",
-                            size=f.size, sha256=f.sha256)
+        store.download_file(key, tmp_path / "dl2/m", size=f.size, sha256=f.sha256)
     assert not list((tmp_path / "dl2").iterdir())
 
 
@@ -73,7 +88,7 @@ def test_restart_skips_unchanged_and_reuploads_changed(tmp_path: Path) -> None:
     assert fresh.run_once(final=True) == [], "already uploaded, unchanged: skipped without re-hashing"
     (ckpt / "checkpoint-1/b.bin").write_bytes(b"new")
     assert fresh.run_once(final=True) == ["checkpoint-1"]
-    index = read_job_index(store, "demo-project", "4242")
+    index = read_job_index(store, "demo-project", "4242", team=TEAM)
     assert index is not None
     view = index.get("checkpoint-1")
     assert view is not None and sorted(f.path for f in view.ranks[0]) == ["a.bin", "b.bin"]
@@ -109,14 +124,15 @@ def test_resume_after_failure_mid_checkpoint_skips_verified_files(tmp_path: Path
     up.file_workers = 1
     with pytest.raises(StorageError):
         up.run_once()
-    part = RankIndex.model_validate_json((tmp_path / "store/demo-project/4242/ranks/rank-0.json").read_bytes())
+    stored = tmp_path / f"store/_teams/{TEAM}/demo-project/4242/ranks/rank-0.json"
+    part = RankIndex.model_validate_json(stored.read_bytes())
     verified = len(part.uploading[0].files)
     assert part.checkpoints == () and 4 <= verified <= 5, "progress recorded, not listed"
     again = _FlakyStore(base, fail_at=0)
     up2 = _uploader(again, ckpt)  # type: ignore[arg-type]
     assert up2.run_once() == ["checkpoint-7"]
     assert again.sent == 6 - verified, "the verified files were not sent again"
-    index = read_job_index(base, "demo-project", "4242")
+    index = read_job_index(base, "demo-project", "4242", team=TEAM)
     assert index is not None and index.get("checkpoint-7") is not None
 
 
@@ -128,13 +144,39 @@ def test_multi_rank_merge_and_completeness(tmp_path: Path) -> None:
         if rank == 0:
             _write_ckpt(ckpt, "checkpoint-2", {"shard0.pt": b"y"})
         assert _uploader(store, ckpt, rank=rank, group=2).run_once()
-    index = read_job_index(store, "demo-project", "4242")
+    index = read_job_index(store, "demo-project", "4242", team=TEAM)
     assert index is not None and index.group_size == 2
     c1, c2 = index.get("checkpoint-1"), index.get("checkpoint-2")
     assert c1 is not None and c1.complete and sorted(c1.ranks) == [0, 1]
     assert c2 is not None and not c2.complete, "rank 1 never uploaded checkpoint-2"
     assert index.latest() == c1
-    assert (tmp_path / "store/demo-project/4242/rank-1/checkpoint-1/shard1.pt").read_bytes() == b"xx"
+    assert (tmp_path / f"store/_teams/{TEAM}/demo-project/4242/rank-1/checkpoint-1/shard1.pt").read_bytes() == b"xx"
+
+
+def test_keys_of_the_team_namespace_and_of_the_legacy_layout() -> None:
+    assert project_prefix("llm-ft", team="btteam1") == "_teams/btteam1/llm-ft"
+    assert job_prefix("llm-ft", "42", team="btteam1") == "_teams/btteam1/llm-ft/42"
+    assert index_key("llm-ft", "42", team="btteam1") == "_teams/btteam1/llm-ft/42/index.json"
+    assert rank_index_key("llm-ft", "42", 1, team="btteam1") == "_teams/btteam1/llm-ft/42/ranks/rank-1.json"
+    assert checkpoint_key("llm-ft", "42", 1, "c-9", team="btteam1") == "_teams/btteam1/llm-ft/42/rank-1/c-9"
+    assert file_key("llm-ft", "42", 0, "c-9", "a/b.bin", team="btteam1") == \
+        "_teams/btteam1/llm-ft/42/rank-0/c-9/a/b.bin"
+    # Legacy (stores from before team namespaces; read, never written).
+    assert file_key("llm-ft", "42", 0, "c-9", "a/b.bin", team=None) == "llm-ft/42/rank-0/c-9/a/b.bin"
+    assert rank_index_key("llm-ft", "42", 0, team=None) == "llm-ft/42/ranks/rank-0.json"
+    assert TEAMS_DIR == "_teams"
+    for bad in ("..", ".", "", "a/b", "Team", "-x", ".hidden"):
+        with pytest.raises(ValueError, match="invalid team"):
+            project_prefix("p", team=bad)
+
+
+def test_the_team_slug_lives_below_both_features() -> None:
+    from slurm_bt.posix import teams
+    from slurm_bt.weights import plan
+
+    assert plan.team_slug is teams.team_slug, "weights.plan keeps re-exporting the one spelling"
+    assert teams.team_slug("BT Team.1-") == "bt-team.1" and teams.is_team_slug(teams.team_slug("..")) is True
+    assert all(teams.is_team_slug(teams.team_slug(g)) for g in ("Domain Users", "x" * 200, "_svc", "..", "ü"))
 
 
 def test_merge_parts_orders_naturally() -> None:
@@ -156,7 +198,7 @@ def test_file_store_refuses_other_teams_project(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to create a directory owned by someone else")
     store = FileStore(open_store(f"file://{tmp_path}/store").uri)
-    store.write_bytes("theirs/1/index.json", b"{}")
+    store.write_bytes("theirs/1/index.json", b"{}")  # a project of a store from before team namespaces
     os.chown(tmp_path / "store/theirs", 65534, 65534)
     os.chmod(tmp_path / "store/theirs", 0o2770)
     import subprocess

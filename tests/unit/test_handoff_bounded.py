@@ -29,7 +29,7 @@ from slurm_bt.checkpoints.flush import STATE_NAME, flush_job_checkpoints, read_s
 from slurm_bt.checkpoints.handoff import STATUS_NAME, quarantined_handoffs, resume_handoffs
 from slurm_bt.checkpoints.index import decode_relpath, encode_relpath
 from slurm_bt.checkpoints.scan import list_files
-from slurm_bt.checkpoints.store import FileStore, UploadResult
+from slurm_bt.checkpoints.store import FileStore, UploadResult, team_group
 from slurm_bt.checkpoints.upload import read_job_index
 from slurm_bt.hooks import epilog
 from slurm_bt.job_spec import JobSpec
@@ -42,6 +42,8 @@ from tests.unit import test_hooks_prolog as hp
 from tests.unit.test_hooks_prolog import site  # noqa: F401  (the prolog/epilog sandbox fixture)
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the epilog flush and hand-off sweep run as root")
+TEAM = team_group(None)[0]
+"""The team namespace of root's jobs here (root's primary group, no prolog record, no account)."""
 
 CONFIG = """
 from truss_train import definitions
@@ -253,11 +255,11 @@ def test_flush_uploads_a_checkpoint_with_odd_names(tmp_path: Path) -> None:
     (ckpt / "checkpoint-2" / "nl\nname").write_bytes(b"newline")
     result = flush_job_checkpoints(env, 60, site=settings)
     assert result.status == "done", result
-    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "901")
+    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "901", team=TEAM)
     assert index is not None
     paths = {c.name: sorted(f.path for f in c.ranks[0]) for c in index.checkpoints}
     assert paths == {"checkpoint-1": ["bad-%FF", "w.bin"], "checkpoint-2": ["nl%0Aname", "w.bin"]}
-    stored = tmp_path / "store" / spec.project_id / "901" / "rank-0"
+    stored = tmp_path / "store" / "_teams" / TEAM / spec.project_id / "901" / "rank-0"
     assert (stored / "checkpoint-1" / "bad-%FF").read_bytes() == b"odd"
 
 
@@ -367,7 +369,7 @@ def test_hand_off_without_an_uploader_state_resumes_once_the_store_is_repaired(t
     (tmp_path / "store").unlink()  # the admin repairs the store location
     [o] = resume_handoffs(root=entry.parent)
     assert o.status == "uploaded", o
-    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "907")
+    index = read_job_index(FileStore(_uri(tmp_path)), spec.project_id, "907", team=TEAM)
     assert index is not None and [c.name for c in index.checkpoints] == ["checkpoint-1", "checkpoint-2"]
 
 
@@ -451,6 +453,8 @@ def world_dir() -> Iterator[Path]:
     os.chmod(base, 0o755)
     (base / "store").mkdir()
     os.chmod(base / "store", 0o1777)
+    (base / "store" / "_teams").mkdir()  # as an admin (or the prolog) makes it; users never do
+    os.chmod(base / "store" / "_teams", 0o1777)
     try:
         yield base
     finally:
@@ -482,9 +486,14 @@ def test_root_resumes_a_hand_off_made_under_the_epilog_umask(world_dir: Path, mo
     os.chmod(entry, 0o700)  # as older versions left it: the child (btu1) could not reach data/
     [o] = resume_handoffs(root=entry.parent)
     assert o.status == "uploaded", o
-    index = read_job_index(FileStore(_uri(world_dir)), spec.project_id, "905")
+    import grp
+
+    from slurm_bt.posix.teams import team_slug
+
+    team = team_slug(grp.getgrgid(ensure_test_users()["btu1"].pw_gid).gr_name)  # btu1's primary group: btteam1
+    index = read_job_index(FileStore(_uri(world_dir)), spec.project_id, "905", team=team)
     assert index is not None and [c.name for c in index.checkpoints] == ["checkpoint-1", "checkpoint-2"]
-    stored = world_dir / "store" / spec.project_id / "905"
+    stored = world_dir / "store" / "_teams" / team / spec.project_id / "905"
     assert os.stat(stored).st_uid == uid, "uploaded as the job's user, not as root"
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -101,7 +102,8 @@ def test_handoff_units_run_the_sweep_per_node_with_the_hook_site() -> None:
 def test_admin_install_writes_hooks_and_timer_units_that_run(tmp_path: Path) -> None:
     site = tmp_path / "site.toml"
     site.write_text(f'[storage]\nscratch = "{tmp_path}/node/%n/scratch"\nnode_cache = "{tmp_path}/node/%n/weights"\n'
-                    f'cache = "{tmp_path}/shared/cache"\ncheckpoint_store = "file://{tmp_path}/store"\n')
+                    f'cache = "{tmp_path}/shared/cache"\ncheckpoint_store = "file://{tmp_path}/store"\n'
+                    f'cluster_cache = "{tmp_path}/shared/weights"\n')
     units = tmp_path / "systemd"
     python = sys.executable
     result = CliRunner().invoke(admin_group, ["install", "--prefix", str(tmp_path / "usr"), "--python", python,
@@ -114,6 +116,12 @@ def test_admin_install_writes_hooks_and_timer_units_that_run(tmp_path: Path) -> 
     service = units / f"{HANDOFF_UNIT}.service"
     assert service.stat().st_mode & 0o777 == 0o644 and (units / f"{HANDOFF_UNIT}.timer").is_file()
     assert (tmp_path / "node/n7/scratch").is_dir()
+    # the shared layout, made once (docs/admin.md): root's, with teams/ for the prolog to create teams in
+    for rel, mode in (("shared/cache", 0o755), ("shared/cache/teams", 0o755), ("shared/weights", 0o755),
+                      ("shared/weights/shared", 0o755), ("shared/weights/teams", 0o755), ("store", 0o1777),
+                      ("store/_teams", 0o755)):
+        st = (tmp_path / rel).lstat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, mode), rel
     # What systemd would run for node n7: the sweep finds an empty hand-off area and exits 0.
     line = next(ln for ln in service.read_text().splitlines() if ln.startswith("ExecStart="))
     env_line = next(ln for ln in service.read_text().splitlines() if ln.startswith("Environment="))
@@ -163,3 +171,33 @@ def test_checkout_wrappers_run_the_venv_install_sh_linked(tmp_path: Path, kind: 
     proc = subprocess.run([str(wrapper)], env={}, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1 and f"slurm-bt {kind}: DRAIN: interpreter" in proc.stderr
     assert ".bt-venv/bin/python is missing" in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="admin install writes root-owned files")
+def test_admin_install_gives_the_teams_dirs_to_the_shared_fs_identity(tmp_path: Path) -> None:
+    """Where root is squashed, the prolog creates teams as ``shared_fs_identity``: install hands it teams/."""
+    import pwd
+
+    from tests.unit.test_layout_owner import SVC, ensure_service_account
+
+    ensure_service_account()
+    site = tmp_path / "site.toml"
+    site.write_text(f'[storage]\nscratch = "{tmp_path}/node/%n/scratch"\nnode_cache = "{tmp_path}/node/%n/weights"\n'
+                    f'cache = "{tmp_path}/shared/cache"\ncluster_cache = "{tmp_path}/shared/weights"\n')
+    hooks = tmp_path / "hooks.toml"
+    hooks.write_text(f'shared_fs_identity = "{SVC}"\n')
+    # a squat by a user where the identity's directory belongs is reported, not taken over
+    (tmp_path / "shared/weights/teams").mkdir(parents=True)
+    os.chown(tmp_path / "shared/weights/teams", pwd.getpwnam("btu2").pw_uid, -1)
+    args = ["install", "--prefix", str(tmp_path / "usr"), "--python", sys.executable, "--site", str(site),
+            "--config", str(hooks), "--node", "n7"]
+    result = CliRunner().invoke(admin_group, args)
+    assert result.exit_code == 1 and "shared/weights/teams" in result.output and "not changed" in result.output
+    os.rmdir(tmp_path / "shared/weights/teams")
+    result = CliRunner().invoke(admin_group, args)
+    assert result.exit_code == 0, result.output
+    svc = pwd.getpwnam(SVC).pw_uid
+    for rel, uid in (("shared/cache", 0), ("shared/cache/teams", svc), ("shared/weights/shared", 0),
+                     ("shared/weights/teams", svc)):
+        assert (tmp_path / rel).lstat().st_uid == uid, rel
+    assert f"shared/cache/teams ({SVC} 0755" in result.output

@@ -35,6 +35,16 @@ def ensure_test_users() -> dict[str, pwd.struct_passwd]:
             extra = ["-G", EXTRA_GROUP] if user == "btu1" else []
             subprocess.run(["useradd", "-m", "-s", "/bin/bash", "-g", group, *extra, user], check=True,
                            capture_output=True)
+    # The dev cluster's shared_fs_identity (gluster mode: devcluster.py) must be in every team group, as a
+    # site's admin adds it to each new team; it only exists once `up --shared gluster` ran.
+    try:
+        pwd.getpwnam("slurmbt")
+    except KeyError:
+        pass
+    else:
+        teams = [*USERS.values(), EXTRA_GROUP]
+        if not all("slurmbt" in grp.getgrnam(g).gr_mem for g in teams):
+            subprocess.run(["usermod", "-aG", ",".join(teams), "slurmbt"], check=True, capture_output=True)
     return {u: pwd.getpwnam(u) for u in USERS}
 
 

@@ -61,12 +61,18 @@ def site() -> Iterator[Site]:
         (base / sub).mkdir(parents=True, mode=0o755)
         os.chmod(base / sub, 0o755)
     os.chmod(base / "shm", 0o1777)  # the runtime root, like /dev/shm (never the host's real one)
+    # A file:// checkpoint store as an admin lays it out (root 1777, _teams 1777): a checkpointing job's
+    # step 1 claims its team's project there, never in the dev cluster's store.
+    for sub in ("shared/checkpoints", "shared/checkpoints/_teams"):
+        (base / sub).mkdir(parents=True)
+        os.chmod(base / sub, 0o1777)
     hooks = base / "etc" / "hooks.toml"
     hooks.write_text(f'log_file = "{base}/log/hooks.log"\ndeadline_s = 30\nscratch_min_free_mib = 0\n'
                      '[team_groups]\nextra-acct = "btextra"\nbad-acct = "btteam2"\n')
     site_file = base / "etc" / "site.toml"
     site_file.write_text(f'[storage]\nscratch = "{base}/node/%n/scratch"\ncache = "{base}/shared/cache"\n'
-                         f'workspace = "{base}/ws/{{user}}"\nruntime = "{base}/shm"\n')
+                         f'workspace = "{base}/ws/{{user}}"\nruntime = "{base}/shm"\n'
+                         f'checkpoint_store = "file://{base}/shared/checkpoints"\n')
     yield Site(base, hooks, site_file, f"{base}/run/slurm-bt")
     subprocess.run(["chmod", "-R", "u+rwx", str(base)], capture_output=True, check=False)
     shutil.rmtree(base, ignore_errors=True)

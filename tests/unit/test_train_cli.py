@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from slurm_bt.checkpoints.index import CheckpointView, FileEntry, JobIndex
 from slurm_bt.checkpoints.locations import parse_store_uri
+from slurm_bt.checkpoints.resolve import FoundJob
 from slurm_bt.cli.main import cli
 from slurm_bt.cli.train_checkpoints import checkpoint_artifacts, checkpoint_rows, sort_rows
 from slurm_bt.cli.train_cmd import apply_overrides, download_snapshot, snapshot_config
@@ -116,18 +117,21 @@ def test_checkpoint_urls_of_a_file_store_are_paths() -> None:
     class Store:
         uri = parse_store_uri("file:///srv/ckpt")
 
-    arts = checkpoint_artifacts(Store(), _index(), 3600)  # type: ignore[arg-type]
+    arts = checkpoint_artifacts(Store(), FoundJob(_index(), "btteam1"), 3600)  # type: ignore[arg-type]
     assert len(arts) == 5
     first = arts[0]
     assert first["relative_file_name"] == "rank-0/checkpoint-9/w.bin"
-    assert first["path"] == "/srv/ckpt/proj/77/rank-0/checkpoint-9/w.bin"
-    assert first["url"] == "file:///srv/ckpt/proj/77/rank-0/checkpoint-9/w.bin"
+    assert first["path"] == "/srv/ckpt/_teams/btteam1/proj/77/rank-0/checkpoint-9/w.bin"
+    assert first["url"] == "file:///srv/ckpt/_teams/btteam1/proj/77/rank-0/checkpoint-9/w.bin"
     assert {a["checkpoint_name"] for a in arts if not a["complete"]} == {"checkpoint-11"}
+    # A job found at the legacy location (a store from before team namespaces): its files are there.
+    legacy = checkpoint_artifacts(Store(), FoundJob(_index(), None), 3600)  # type: ignore[arg-type]
+    assert legacy[0]["path"] == "/srv/ckpt/proj/77/rank-0/checkpoint-9/w.bin"
     forged = _index().model_copy(update={"checkpoints": (CheckpointView(
         name="checkpoint-1", created="t", complete=True,
         ranks={0: (FileEntry(path="../../../other-project/9/rank-0/x", size=1, sha256=SHA),)}),)})
     with pytest.raises(UserError, match="unsafe name"):
-        checkpoint_artifacts(Store(), forged, 3600)  # type: ignore[arg-type]
+        checkpoint_artifacts(Store(), FoundJob(forged, "btteam1"), 3600)  # type: ignore[arg-type]
 
 
 def test_update_priority_argv_is_validated() -> None:
@@ -252,7 +256,7 @@ def test_csv_and_json_formats(isolated_home: Path, monkeypatch: pytest.MonkeyPat
 
     @contextmanager
     def fake(job_id: str) -> Any:
-        yield None, _index()
+        yield None, FoundJob(_index(), "btteam1")
 
     monkeypatch.setattr(tc, "_open_index", fake)
     runner = CliRunner()

@@ -261,7 +261,8 @@ def test_odd_file_names_upload_and_round_trip(tenants: dict[str, object], tmp_pa
 
 def test_root_resumes_a_hand_off_once_its_store_location_is_repaired(tenants: dict[str, object]) -> None:
     with attack("store location broken by the job; resume-handoffs as root after repair"):
-        job_id, node, logs, _ = _run_job("btu2", BREAK_STORE, str(STORE))
+        # btu2's uploads go to its team's namespace, <store>/_teams/btteam2/<project>/<job> (docs/checkpoints.md).
+        job_id, node, logs, _ = _run_job("btu2", BREAK_STORE, str(STORE / "_teams" / "btteam2"))
         m = re.search(r"BROKE (\S+)", logs)
         assert m, logs
         rank0 = Path(m.group(1))

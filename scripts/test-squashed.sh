@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# CI's root-squash phase (issue 30; docs/admin.md "Root-squashed shared filesystems"): the dev cluster's
+# shared storage moves to a GlusterFS volume with root squash on (`devcluster.py up --shared gluster`: the
+# service account slurmbt named as shared_fs_identity, the layout made once with the squash off), the tests
+# that must hold on such a site run there (every feature as a user, the doctor, the hostile suite), and the
+# cluster goes back to its local shared directory whatever happened. Run after scripts/test.sh (which
+# installs everything); arguments replace the default test selection.
+set -uo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${SLURM_BT_VENV:-/opt/slurm-bt/venv}"
+cd "$repo"
+tests=("$@")
+if [ "${#tests[@]}" -eq 0 ]; then
+  tests=(
+    tests/integration/test_squashed_site.py
+    tests/integration/test_root_squash.py
+    tests/integration/test_hooks_jobs.py
+    tests/integration/test_checkpoints_resume.py
+    tests/integration/test_images_staging.py
+    tests/integration/hostile
+  )
+fi
+back() { /usr/bin/python3 devcluster/devcluster.py up --shared local >/dev/null || echo "test-squashed: could not go back to --shared local" >&2; }
+trap back EXIT
+/usr/bin/python3 devcluster/devcluster.py up --shared gluster || exit 1
+"$venv/bin/python" -m pytest -q -p no:cacheprovider -rfE "${tests[@]}"
