@@ -836,6 +836,8 @@ def write_cluster_json(rel: Release, shared: str = "local") -> None:
         "shared_dir": str(STATE / "shared"),
         "shared_fs": shared,  # local, or gluster (root squashed: devcluster/README.md)
         "shared_root_squash": shared == "gluster",
+        # where an admin (a host where root is not squashed) sees the shared storage: tests set up through it
+        "shared_admin_dir": str(STATE / ("shared-admin" if shared == "gluster" else "shared")),
         "node_local_dir": str(STATE / "node"),
         "slurm_conf": str(SLURM_CONF),
         "prolog": str(PROLOG),
@@ -864,6 +866,7 @@ def use_mariadb_socket(sock: Path) -> None:
 # turned off for a moment, as an admin does from a host that is not squashed; then it is turned on again.
 
 SHARED = STATE / "shared"
+SHARED_ADMIN = STATE / "shared-admin"  # gluster mode: the same volume, root not squashed (the admin's view)
 SHARED_MODE_FILE = STATE / "shared-mode"
 SHARED_MODES = ("local", "gluster")
 GLUSTER_DIR = STATE / "gluster"
@@ -976,8 +979,14 @@ def _ensure_gluster_packages() -> None:
     apt_install(GLUSTER_PACKAGES, recommends=False)
 
 
+def _umount_admin_view() -> None:
+    if os.path.ismount(SHARED_ADMIN):
+        run(["umount", str(SHARED_ADMIN)], timeout=60, check=False)
+
+
 def ensure_shared(mode: str) -> None:
     if mode == "local":
+        _umount_admin_view()
         if os.path.ismount(SHARED):  # back from gluster: the local directory is under the mount
             run(["umount", str(SHARED)], timeout=60)
             step(f"shared: unmounted the GlusterFS volume from {SHARED}")
@@ -1021,9 +1030,20 @@ def ensure_shared(mode: str) -> None:
     if not wait_for(lambda: _root_squashed(SHARED / "cache"), 30, 0.5):
         raise Failure(f"root is still not squashed on {SHARED} 30 s after server.root-squash on", GLUSTERD.log)
     step(f"shared: {SHARED} is GlusterFS volume {GLUSTER_VOLUME} with root squash on")
+    # The admin's view, as from a file server where root is not squashed: a second FUSE mount whose
+    # client pid is negative, which GlusterFS exempts from root squash (its own internal clients, such as
+    # geo-replication, mount that way). Tests set up and inspect the shared storage as an admin through it.
+    SHARED_ADMIN.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not os.path.ismount(SHARED_ADMIN):
+        run(["glusterfs", "--volfile-server=127.0.0.1", f"--volfile-id={GLUSTER_VOLUME}", "--client-pid=-1",
+             str(SHARED_ADMIN)], timeout=60)
+        if not wait_for(lambda: os.path.ismount(SHARED_ADMIN), 30, 0.3):
+            raise Failure(f"the admin's mount {SHARED_ADMIN} did not appear", GLUSTERD.log)
+        step(f"shared: the admin's view (root not squashed) at {SHARED_ADMIN}")
 
 
 def stop_shared() -> None:
+    _umount_admin_view()
     if os.path.ismount(SHARED):
         run(["umount", str(SHARED)], timeout=60, check=False)
         step(f"shared: unmounted {SHARED}")

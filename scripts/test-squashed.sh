@@ -11,9 +11,9 @@ venv="${SLURM_BT_VENV:-/opt/slurm-bt/venv}"
 cd "$repo"
 tests=("$@")
 if [ "${#tests[@]}" -eq 0 ]; then
+  # test_squashed_site.py and test_root_squash.py run in scripts/test.sh already (the first switches the
+  # cluster to gluster itself, the second mounts its own volume): not again here.
   tests=(
-    tests/integration/test_squashed_site.py
-    tests/integration/test_root_squash.py
     tests/integration/test_hooks_jobs.py
     tests/integration/test_checkpoints_resume.py
     tests/integration/test_images_staging.py

@@ -16,13 +16,11 @@ the cache verbs, and ``admin doctor``.
 
 from __future__ import annotations
 
-import grp
 import json
 import os
-import pwd
-import stat
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,8 +67,9 @@ def squashed(dev_cluster: dict[str, object]) -> Iterator[Path]:
             _up("local")
 
 
-def _site(folder: Path, hub: FakeHub | None = None, runtime: str = "none") -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+def _site(hub: FakeHub | None = None, runtime: str = "none") -> Path:
+    """A site file the test users can read (pytest's tmp_path is 0700)."""
+    folder = Path(tempfile.mkdtemp(prefix="bt-squash-site-", dir="/var/tmp"))
     os.chmod(folder, 0o755)
     site = folder / "site.toml"
     text = f'container_runtime = "{runtime}"\n'
@@ -82,8 +81,11 @@ def _site(folder: Path, hub: FakeHub | None = None, runtime: str = "none") -> Pa
 
 
 def _owner(path: Path) -> tuple[str, str, int]:
-    st = os.lstat(path)
-    return pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name, stat.S_IMODE(st.st_mode)
+    """Owner, group and mode of ``path``, looked up as btu1: root (squashed) may not search team directories."""
+    proc = as_user(USER, ["stat", "-c", "%U %G %a", str(path)])
+    assert proc.returncode == 0, proc.stderr
+    user, group, mode = proc.stdout.split()
+    return user, group, int(mode, 8)
 
 
 def test_the_shared_storage_squashes_root_and_the_identity_owns_teams(squashed: Path) -> None:
@@ -98,7 +100,8 @@ def test_the_shared_storage_squashes_root_and_the_identity_owns_teams(squashed: 
 def test_quickstart_runs_in_its_image_as_a_user(squashed: Path) -> None:
     example = REPO / "examples" / "quickstart"
     config = write_job(USER, (example / "config.py").read_text(), {"train.py": (example / "train.py").read_text()})
-    job_id = submit(USER, config)  # the dev site file: charliecloud, the image pinned and staged
+    # the dev cluster's site file (charliecloud: the image pinned, mirrored and staged), not the suite's host one
+    job_id = submit(USER, config, site=Path("/etc/slurm-bt/site.toml"))
     record, logs = wait(USER, job_id, timeout_s=600)
     assert record["current_status"] == "TRAINING_JOB_COMPLETED", (record, logs)
     assert "final loss" in logs.lower() or "loss" in logs.lower(), logs
@@ -161,7 +164,7 @@ def test_caches_weights_checkpoints_and_resume_as_a_user(squashed: Path, fake_hu
     tag = uuid.uuid4().hex[:8]
     repo = f"Org/Squashed-{tag}"
     fake_hub.add_repo(repo, {"config.json": b'{"hidden": 8}', "model.safetensors": os.urandom(1 << 20)})
-    site = _site(tmp_path / "site", fake_hub)
+    site = _site(fake_hub)
     project = f"squash-{tag}"
     first = submit(USER, write_job(USER, _job(project, repo, load=False), {"train.py": TRAIN}), site=site)
     record, logs = wait(USER, first, timeout_s=420)

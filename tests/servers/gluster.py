@@ -82,6 +82,7 @@ def squashed_volume(tmp: Path) -> Iterator[SquashedVolume]:
     """A fresh volume mounted at ``tmp/mnt`` with root squash on (its root directory is 1777)."""
     if shutil.which("glusterd") is None or shutil.which("mount.glusterfs") is None:
         raise RuntimeError("glusterfs-server/glusterfs-client are not installed (scripts/install.sh installs them)")
+    tmp.mkdir(parents=True, exist_ok=True)
     pidfile = tmp / "glusterd.pid"
     started = False
     if _gluster("volume", "list", check=False).returncode != 0:

@@ -75,6 +75,26 @@ def cluster() -> dict[str, Any]:
     return info
 
 
+def admin_path(path: str | Path) -> Path:
+    """``path`` as an admin sees it, for the test's own root-side setup and checks of the shared storage.
+
+    Where the dev cluster's shared storage squashes root (``devcluster.py up --shared gluster``), root on
+    this host acts as nobody there, as on the nodes; an admin works from a host where it is not squashed,
+    which the dev cluster mounts at ``shared_admin_dir``. Paths outside the shared storage are unchanged.
+    """
+    try:
+        info = cluster()
+    except OSError:  # no dev cluster (collecting tests elsewhere): nothing to map
+        return Path(path)
+    shared = Path(str(info["shared_dir"]))
+    admin = Path(str(info.get("shared_admin_dir") or shared))
+    p = Path(path)
+    try:
+        return admin / p.relative_to(shared)
+    except ValueError:
+        return p
+
+
 def as_user(user: str, argv: list[str], *, input: str | None = None, cwd: str | Path | None = None,
             timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` as ``user`` with a login-like environment (``runuser``), capturing text output."""

@@ -33,7 +33,17 @@ from slurm_bt.checkpoints.locations import parse_store_uri
 from slurm_bt.checkpoints.scan import CompletionTracker
 from slurm_bt.checkpoints.store import FileStore
 from slurm_bt.checkpoints.upload import JobIdentity, RankUploader
-from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cluster, submit, wait, write_job
+from tests.integration.hostile.harness import (
+    BIN,
+    admin_path,
+    aftermath,
+    as_user,
+    attack,
+    cluster,
+    submit,
+    wait,
+    write_job,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -89,6 +99,7 @@ def _drop_empty_handoffs(job_id: str) -> None:
 
 
 def _remove(path: Path) -> None:
+    path = admin_path(path)  # as an admin: root may be squashed on the shared storage
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.exists():
@@ -118,11 +129,11 @@ def test_uploads_never_go_into_a_squatted_project(tenants: dict[str, object], sh
             job_id = submit("btu1", config)
             record, logs = wait("btu1", job_id)
             cleanup.append(job_id)
-            assert os.listdir(target) == [], f"btu1's job wrote into btu2's {target}: {os.listdir(target)}"
+            assert os.listdir(admin_path(target)) == [], f"btu1's job wrote into btu2's {target}"
             assert record["current_status"] == "TRAINING_JOB_COMPLETED", logs
-            assert (TEAM_DIR / project / job_id / "index.json").is_file(), "uploaded into the team's namespace"
+            assert admin_path(TEAM_DIR / project / job_id / "index.json").is_file(), "in the team namespace"
             aftermath(job_id, "btu1")
-            assert os.listdir(target) == [], "nor did the epilog's flush"
+            assert os.listdir(admin_path(target)) == [], "nor did the epilog's flush"
         finally:
             _remove(squat)
             _remove(loot)
@@ -162,7 +173,7 @@ def test_planted_job_dir_with_forged_index_is_never_loaded(tenants: dict[str, ob
     with attack("checkpoint store: planted job dir with a forged index naming the victim"):
         try:
             _plant(project)
-            assert os.stat(squat / PLANTED_JOB).st_uid == int(subprocess.check_output(["id", "-u", "btu2"]))
+            assert os.stat(admin_path(squat / PLANTED_JOB)).st_uid == int(subprocess.check_output(["id", "-u", "btu2"]))
             # 1. LoadCheckpointConfig, resolved at submit as btu1: refused, naming the directory.
             config = write_job("btu1", _config(project, (
                 'start_commands=["python3 load.py"], load_checkpoint_config=definitions.LoadCheckpointConfig('
@@ -205,10 +216,10 @@ def test_owner_round_trip_still_works(tenants: dict[str, object]) -> None:
             record, logs = wait("btu1", job_id)
             assert record["current_status"] == "TRAINING_JOB_COMPLETED", logs
             aftermath(job_id, "btu1")
-            st = os.stat(TEAM_DIR / project)
+            st = os.stat(admin_path(TEAM_DIR / project))
             assert (oct(st.st_mode & 0o7777), st.st_uid) == (oct(0o2770), int(
                 subprocess.check_output(["id", "-u", "btu1"]))), "the project is claimed for btu1's team"
-            assert not (STORE / project).exists(), "nothing goes to the legacy location"
+            assert not admin_path(STORE / project).exists(), "nothing goes to the legacy location"
             config = write_job("btu1", _config(project, (
                 'start_commands=["python3 load.py"], load_checkpoint_config=definitions.LoadCheckpointConfig('
                 f'enabled=True, checkpoints=[definitions.BasetenCheckpoint.from_latest_checkpoint('

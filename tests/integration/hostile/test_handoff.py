@@ -30,7 +30,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cluster, submit, wait, write_job
+from tests.integration.hostile.harness import (
+    BIN,
+    admin_path,
+    aftermath,
+    as_user,
+    attack,
+    cluster,
+    submit,
+    wait,
+    write_job,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -272,10 +282,11 @@ def test_root_resumes_a_hand_off_once_its_store_location_is_repaired(tenants: di
         assert first and "failed: attempt 1 of 3" in first[0], first
         assert "Permission denied" not in first[0] or str(rank0) in first[0], "the store, not the entry, refused"
         aftermath(job_id, "btu2")
-        os.chmod(rank0, 0o2750)  # the admin repairs the store location
+        os.chmod(admin_path(rank0), 0o2750)  # the admin repairs the store location
         res = subprocess.run([str(BIN / "slurm-bt"), "checkpoints", "resume-handoffs", "--node", node],
                              capture_output=True, text=True, timeout=300, check=False)
         assert f"{job_id}.{node}: uploaded: 1 checkpoint(s)" in res.stdout, (res.stdout, res.stderr)
         assert not entry.exists()
         assert _list("btu2", job_id) == {"checkpoint-1": ["a.bin"], "checkpoint-2": ["b.bin"]}
-        assert os.stat(rank0 / "checkpoint-2" / "b.bin").st_uid == pwd.getpwnam("btu2").pw_uid, "uploaded as the user"
+        assert os.stat(admin_path(rank0 / "checkpoint-2" / "b.bin")).st_uid == pwd.getpwnam("btu2").pw_uid, \
+            "uploaded as the user"

@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 
-from tests.integration.hostile.harness import aftermath, attack, submit, wait, write_job
+from tests.integration.hostile.harness import admin_path, aftermath, attack, submit, wait, write_job
 from tests.integration.hostile.weights_jobs import readable_site
 from tests.servers.oci_registry import OciRegistries
 
 pytestmark = pytest.mark.slurm
 
-TEAM = Path("/var/lib/slurm-bt-dev/shared/weights/teams/btteam1")
+# seen as an admin (root may be squashed on the shared storage: harness.admin_path)
+TEAM = admin_path("/var/lib/slurm-bt-dev/shared/weights/teams/btteam1")
 CONFIG = """
 from truss_train import definitions
 project = definitions.TrainingProject(name="himg-{name}", job=definitions.TrainingJob(

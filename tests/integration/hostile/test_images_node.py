@@ -32,7 +32,16 @@ from slurm_bt.site.settings import SiteSettings, expand_path
 from slurm_bt.weights.cluster_cache import ClusterCache
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import team_slug
-from tests.integration.hostile.harness import aftermath, as_user, attack, cancel_on_error, submit, wait, write_job
+from tests.integration.hostile.harness import (
+    admin_path,
+    aftermath,
+    as_user,
+    attack,
+    cancel_on_error,
+    submit,
+    wait,
+    write_job,
+)
 from tests.unit.test_cache_support import DirFetcher, allow
 
 pytestmark = pytest.mark.slurm
@@ -100,7 +109,8 @@ def _published_entry(team: str, sqfs: bytes) -> Manifest:
     origin = Path(tempfile.mkdtemp(prefix="bt-img-origin-"))
     try:
         (origin / "image.sqfs").write_bytes(sqfs)
-        base = Path(expand_path(SiteSettings().storage.cluster_cache, user="root", uid=0, home="/root"))
+        # published as an admin would (root may be squashed on the shared storage: harness.admin_path)
+        base = admin_path(expand_path(SiteSettings().storage.cluster_cache, user="root", uid=0, home="/root"))
         ClusterCache.for_team(base, team_slug(team)).ensure(m, DirFetcher(origin), authorize=allow)
     finally:
         shutil.rmtree(origin)
@@ -160,7 +170,7 @@ def test_teammate_swapped_squashfs_is_never_run(tenants: dict[str, object], ch_s
     with attack("teammate rewrote a published image squashfs"):
         sqfs = os.urandom(256 << 10)
         m = _published_entry("btteam1", sqfs)
-        base = Path(expand_path(SiteSettings().storage.cluster_cache, user="root", uid=0, home="/root"))
+        base = admin_path(expand_path(SiteSettings().storage.cluster_cache, user="root", uid=0, home="/root"))
         tier = ClusterCache.for_team(base, team_slug("btteam1")).root
         blobs = [p for p in tier.rglob(m.files[0].sha256) if p.is_file()]
         assert blobs

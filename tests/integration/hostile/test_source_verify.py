@@ -29,7 +29,17 @@ from typing import Any
 import pytest
 
 from slurm_bt.storage.checksums import git_blob_sha1
-from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cluster, submit, wait, write_job
+from tests.integration.hostile.harness import (
+    BIN,
+    admin_path,
+    aftermath,
+    as_user,
+    attack,
+    cluster,
+    submit,
+    wait,
+    write_job,
+)
 from tests.integration.hostile.weights_jobs import PROBE, readable_site, weights_job
 from tests.servers.corrupt_proxy import CorruptingProxy
 from tests.servers.hf_hub import FakeHub, Faults
@@ -64,7 +74,7 @@ def site_env(tenants: dict[str, Any], fake_hub: FakeHub, proxy: CorruptingProxy)
 def _team_tiers() -> Path:
     from slurm_bt.site.settings import SiteSettings
 
-    return Path(SiteSettings().storage.cluster_cache) / "teams"
+    return admin_path(SiteSettings().storage.cluster_cache) / "teams"  # as an admin: root may be squashed
 
 
 def _staging_log(record: dict[str, Any]) -> str:

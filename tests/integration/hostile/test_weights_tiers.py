@@ -45,7 +45,17 @@ from slurm_bt.posix.squat_records import read_squats
 from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import list_selected
-from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, cluster, forget_squats, wait, write_job
+from tests.integration.hostile.harness import (
+    BIN,
+    admin_path,
+    aftermath,
+    as_user,
+    attack,
+    cluster,
+    forget_squats,
+    wait,
+    write_job,
+)
 from tests.integration.hostile.weights_jobs import PROBE, readable_site, weights_job
 from tests.servers.hf_hub import FakeHub, Faults
 
@@ -113,6 +123,13 @@ def _legacy_world_writable(*dirs: Path) -> None:
         os.chmod(d, 0o1777)
 
 
+def _identity_layout() -> bool:
+    """The shared storage squashes root and the site's shared_fs_identity owns teams/ (devcluster gluster
+    mode, docs/admin.md): legacy world-writable tiers do not exist there (admin install made them the
+    identity's), so a user cannot even create the names the squats below take."""
+    return cluster().get("shared_fs") == "gluster"
+
+
 def _squat_paths() -> set[str]:
     return {s.path for n in cluster()["nodes"] for s in read_squats(str(n))}
 
@@ -126,27 +143,36 @@ def test_squatted_team_dir_is_sidestepped_and_the_victims_job_runs(site_env: Non
         files = {"model.safetensors": random.Random(tag).randbytes(MiB + 11), "config.json": b'{"a": 1}'}
         fake_hub.add_repo(f"Org/Squat-{tag}", files)
         base = _base()
-        _legacy_world_writable(base, base / "teams")
+        identity = _identity_layout()
+        if not identity:
+            _legacy_world_writable(base, base / "teams")
         victim = base / "teams" / "btteam2"
-        if os.path.lexists(victim):  # btu2's real tier from earlier runs: move it out of the way for this test
-            os.rename(victim, base / "teams" / f".test-aside-{tag}")
-            shutil.rmtree(base / "teams" / f".test-aside-{tag}", ignore_errors=True)
+        admin = admin_path(base / "teams")
+        if os.path.lexists(admin / "btteam2"):  # btu2's real tier from earlier runs: out of the way for this test
+            os.rename(admin / "btteam2", admin / f".test-aside-{tag}")
+            shutil.rmtree(admin / f".test-aside-{tag}", ignore_errors=True)
         # btu1 (btteam1) takes the name first, wide open, and plants a "manifest" in it
-        assert as_user("btu1", ["mkdir", "-m", "0777", "-p", str(victim / "manifests")]).returncode == 0
-        assert as_user("btu1", ["chmod", "0777", str(victim)]).returncode == 0
+        taken = as_user("btu1", ["mkdir", "-m", "0777", "-p", str(victim / "manifests")])
+        if identity:  # teams/ is the identity's 0755: the name cannot be taken
+            assert taken.returncode != 0 and "Permission denied" in taken.stderr, taken
+        else:
+            assert taken.returncode == 0
+            assert as_user("btu1", ["chmod", "0777", str(victim)]).returncode == 0
         config = write_job("btu2", weights_job("hostile-tiers", f"hf://org/squat-{tag}", ""), {"probe.py": PROBE})
         sub = _submit_json("btu2", config, f"--nodelist={_first_node()}")
         record, logs = wait("btu2", str(sub["job_id"]), timeout_s=240)
         staging = _staging_log("btu2", str(sub["staging_job_id"])) if sub.get("staging_job_id") else ""
         assert record["current_status"] == "TRAINING_JOB_COMPLETED", (record, logs, staging)
         assert _probe(logs) == _hashes(files)
-        st = os.lstat(victim)
-        assert (st.st_uid, st.st_gid) == (0, grp.getgrnam("btteam2").gr_gid), "the squat was not replaced"
+        st = os.lstat(admin_path(victim))
+        owner = pwd.getpwnam("slurmbt").pw_uid if identity else 0  # devcluster.py SHARED_IDENTITY
+        assert (st.st_uid, st.st_gid) == (owner, grp.getgrnam("btteam2").gr_gid), "the squat was not replaced"
         assert stat.S_IMODE(st.st_mode) & 0o007 == 0
-        assert str(victim) in _squat_paths(), "the squat was not recorded for admin doctor"
-        forget_squats(victim)
-        st_teams = os.lstat(base / "teams")
-        assert st_teams.st_uid == 0 and not stat.S_IMODE(st_teams.st_mode) & 0o022, "teams/ still squattable"
+        if not identity:
+            assert str(victim) in _squat_paths(), "the squat was not recorded for admin doctor"
+            forget_squats(victim)
+        st_teams = os.lstat(admin_path(base / "teams"))
+        assert st_teams.st_uid == owner and not stat.S_IMODE(st_teams.st_mode) & 0o022, "teams/ still squattable"
         aftermath(str(sub["job_id"]), "btu2")
 
 
@@ -167,7 +193,10 @@ def _plant_shared(base: Path, m: Manifest) -> None:
         """)
     proc = subprocess.run(["runuser", "-u", "btu2", "--", "python3", "-c", script], input=m.canonical_json(),
                           capture_output=True, check=False)
-    assert proc.returncode == 0, proc.stderr
+    if _identity_layout():  # the admin's root-owned shared tier is there already and not btu2's to write
+        assert proc.returncode != 0 and b"Permission denied" in proc.stderr, proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
 
 
 def test_user_created_shared_tier_is_not_trusted(site_env: None, fake_hub: FakeHub) -> None:
@@ -186,29 +215,33 @@ def test_user_created_shared_tier_is_not_trusted(site_env: None, fake_hub: FakeH
             ManifestFile(path=f.path, size=f.size, sha256=f.sha256 or "", etag=f.etag) for f in selected))
         base = _base()
         shared = base / "shared"
-        _legacy_world_writable(base)
-        if os.path.lexists(shared):
-            st = os.lstat(shared)
-            if st.st_uid != 0 or os.listdir(shared):
-                pytest.skip(f"{shared} already holds an admin's or someone's tier; not touching it")
-            os.rmdir(shared)
+        identity = _identity_layout()
+        if not identity:
+            _legacy_world_writable(base)
+            if os.path.lexists(shared):
+                st = os.lstat(shared)
+                if st.st_uid != 0 or os.listdir(shared):
+                    pytest.skip(f"{shared} already holds an admin's or someone's tier; not touching it")
+                os.rmdir(shared)
         try:
             _plant_shared(base, m)
-            assert os.lstat(shared).st_uid == pwd.getpwnam("btu2").pw_uid
+            if not identity:
+                assert os.lstat(shared).st_uid == pwd.getpwnam("btu2").pw_uid
             config = write_job("btu1", weights_job("hostile-tiers", source, ""), {"probe.py": PROBE})
             sub = _submit_json("btu1", config, f"--nodelist={_first_node()}")
             record, logs = wait("btu1", str(sub["job_id"]), timeout_s=240)
             assert record["current_status"] == "TRAINING_JOB_COMPLETED", (sub, record, logs)
             assert _probe(logs) == _hashes(files)  # the real bytes, staged into btu1's team tier
             assert sub.get("staging_job_id"), "the user-made shared tier was taken as a cache hit"
-            st = os.lstat(shared)
+            st = os.lstat(admin_path(shared))
             assert st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022, "the squatted shared tier is still there"
-            assert str(shared) in _squat_paths()
-            forget_squats(shared)
+            if not identity:
+                assert str(shared) in _squat_paths()
+                forget_squats(shared)
             aftermath(str(sub["job_id"]), "btu1")
         finally:
-            if os.path.lexists(shared) and os.lstat(shared).st_uid != 0:
-                shutil.rmtree(shared, ignore_errors=True)
+            if os.path.lexists(admin_path(shared)) and os.lstat(admin_path(shared)).st_uid != 0:
+                shutil.rmtree(admin_path(shared), ignore_errors=True)
 
 
 # -- item 8: kill -9 of a staging job ------------------------------------------------------------------------
@@ -239,7 +272,7 @@ def test_killed_stagers_temp_blob_is_collected_by_the_next_run(site_env: None, f
         files = {"model.safetensors": random.Random(tag).randbytes(size)}
         fake_hub.add_repo(f"Org/Killed-{tag}", files)
         config = write_job("btu1", weights_job("hostile-tiers", f"hf://org/killed-{tag}", ""), {"probe.py": PROBE})
-        team = _base() / "teams" / "btteam1"
+        team = admin_path(_base() / "teams" / "btteam1")  # looked at as an admin: root may be squashed
         with fake_hub.faults(Faults(paths={"model.safetensors"}, stall_after=4 * MiB, stall_s=90.0, times=-1)):
             first = _submit_json("btu1", config)
             staging = str(first["staging_job_id"])
