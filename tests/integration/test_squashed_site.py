@@ -148,6 +148,7 @@ def _job(project: str, repo: str, *, load: bool) -> str:
             weights=[WeightsSource(source="hf://{repo}", mount_location="/app/models/m")],
             runtime=definitions.Runtime(
                 start_commands=["python3 train.py"],
+                environment_variables={{"BT_CHECKPOINT_POLL_S": "1"}},
                 cache_config=definitions.CacheConfig(enabled=True),
                 checkpointing_config=definitions.CheckpointingConfig(enabled=True),
                 {loading}
@@ -184,6 +185,8 @@ def test_caches_weights_checkpoints_and_resume_as_a_user(squashed: Path, fake_hu
     ls = as_user(USER, ["env", f"SLURM_BT_SITE_CONFIG={site}", str(BIN / "slurm-bt"), "checkpoints", "list", first])
     listing = ls.stdout + ls.stderr
     assert "checkpoint-1" in listing and "checkpoint-2" in listing, listing
+    during, flush = logs.find("uploaded checkpoint-1"), logs.find("final flush")
+    assert 0 <= during and (flush < 0 or during < flush), "checkpoint-1 was not uploaded during the run"
     aftermath(first, USER)
 
     second = submit(USER, write_job(USER, _job(project, repo, load=True), {"train.py": TRAIN}), site=site)

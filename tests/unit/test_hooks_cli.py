@@ -183,7 +183,8 @@ def test_admin_install_gives_the_teams_dirs_to_the_shared_fs_identity(tmp_path: 
     ensure_service_account()
     site = tmp_path / "site.toml"
     site.write_text(f'[storage]\nscratch = "{tmp_path}/node/%n/scratch"\nnode_cache = "{tmp_path}/node/%n/weights"\n'
-                    f'cache = "{tmp_path}/shared/cache"\ncluster_cache = "{tmp_path}/shared/weights"\n')
+                    f'cache = "{tmp_path}/shared/cache"\ncluster_cache = "{tmp_path}/shared/weights"\n'
+                    f'checkpoint_store = "file://{tmp_path}/store"\n')  # never the dev cluster's own store
     hooks = tmp_path / "hooks.toml"
     hooks.write_text(f'shared_fs_identity = "{SVC}"\n')
     # a squat by a user where the identity's directory belongs is reported, not taken over
@@ -198,6 +199,6 @@ def test_admin_install_gives_the_teams_dirs_to_the_shared_fs_identity(tmp_path: 
     assert result.exit_code == 0, result.output
     svc = pwd.getpwnam(SVC).pw_uid
     for rel, uid in (("shared/cache", 0), ("shared/cache/teams", svc), ("shared/weights/shared", 0),
-                     ("shared/weights/teams", svc)):
+                     ("shared/weights/teams", svc), ("store", 0), ("store/_teams", svc)):
         assert (tmp_path / rel).lstat().st_uid == uid, rel
     assert f"shared/cache/teams ({SVC} 0755" in result.output
