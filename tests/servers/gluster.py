@@ -64,7 +64,7 @@ class SquashedVolume:
         # Probe a root-owned 0755 directory: in a 1777 one (the mount once laid out) squashed root may
         # create too, as nobody, and the wait would end before the squash is off.
         probe = self._probe_dir if self._probe_dir.is_dir() else self.mount
-        _wait(lambda: root_can_create(probe), 30, f"root squash off on {self.name}")
+        _wait(lambda: root_can_create(probe), 90, f"root squash off on {self.name}")
         for rel, mode in {".squash-probe": 0o755, **dirs}.items():
             p = self.mount / rel
             p.mkdir(parents=True, exist_ok=True)
@@ -74,7 +74,7 @@ class SquashedVolume:
 
     def squash(self) -> None:
         self.set_squash(True)
-        _wait(lambda: not root_can_create(self._probe_dir), 30, f"root squash on {self.name}")
+        _wait(lambda: not root_can_create(self._probe_dir), 90, f"root squash on {self.name}")
 
 
 @contextlib.contextmanager
