@@ -228,8 +228,7 @@ def _as_layout_owner(ctx: HookContext, owner: LayoutOwner, work: Callable[[], di
     """Run ``work`` as the layout owner; its result carries either ``fields`` or a ``user``/``node`` failure.
 
     Why results and not exceptions: as the identity, ``work`` runs in a child whose exceptions come
-    back as text; the parent re-raises them as the hook's classes and logs the warnings the child
-    could not (it has no descriptor on the hook log).
+    back as text; the parent re-raises them as the hook's classes.
     """
     try:
         out = owner.run(work, timeout_s=ctx.budget(ctx.settings.user_step_timeout_s))
@@ -244,8 +243,6 @@ def _as_layout_owner(ctx: HookContext, owner: LayoutOwner, work: Callable[[], di
         raise HookUserError(f"cannot create {what} as {owner.name}: {exc}") from None
     if not isinstance(out, dict):
         raise HookUserError(f"cannot create {what}: no result")
-    for line in out.get("warnings") or []:
-        ctx.log.warning(str(line)[:1000])
     if "node" in out:
         raise NodeFault(str(out["node"]), str(out.get("fix", "")))
     if "user" in out:
@@ -254,16 +251,15 @@ def _as_layout_owner(ctx: HookContext, owner: LayoutOwner, work: Callable[[], di
     return dict(fields) if isinstance(fields, dict) else {}
 
 
-def _caught(work: Callable[[list[str]], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-    """``work(warnings)`` with the hook's failures turned into the result :func:`_as_layout_owner` reads."""
+def _caught(work: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """``work()`` with the hook's failures turned into the result :func:`_as_layout_owner` reads."""
     def run() -> dict[str, Any]:
-        warnings: list[str] = []
         try:
-            return {"fields": work(warnings), "warnings": warnings}
+            return {"fields": work()}
         except HookUserError as exc:
-            return {"user": exc.reason, "warnings": warnings}
+            return {"user": exc.reason}
         except NodeFault as exc:
-            return {"node": exc.what, "fix": exc.fix, "warnings": warnings}
+            return {"node": exc.what, "fix": exc.fix}
     return run
 
 
@@ -278,8 +274,7 @@ def make_caches(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, object
     problem = owner.group_problem(team.gid)
     if problem is not None:
         raise HookUserError(f"cannot create the caches of team {team.name}: {problem}")
-    fields = _as_layout_owner(ctx, owner, _caught(lambda warnings: _make_caches(root, team, spec.project_id, owner,
-                                                                               warnings)),
+    fields = _as_layout_owner(ctx, owner, _caught(lambda: _make_caches(root, team, spec.project_id, owner)),
                               f"the caches of team {team.name} in {root}")
     if not fields.get("group_acl", True):
         ctx.log.warning(f"{root} has no POSIX ACL support: team members must use umask 0007 to share files")
@@ -287,7 +282,7 @@ def make_caches(ctx: HookContext, spec: JobSpec, team: Team) -> dict[str, object
     return fields
 
 
-def _make_caches(root: str, team: Team, project_id: str, owner: LayoutOwner, warnings: list[str]) -> dict[str, Any]:
+def _make_caches(root: str, team: Team, project_id: str, owner: LayoutOwner) -> dict[str, Any]:
     """The work of :func:`make_caches`, as the layout owner (in-process for root, else in its child)."""
     fd = _open_root(root, "shared cache root")
     acl = True
@@ -359,8 +354,7 @@ def make_store_team_dir(ctx: HookContext, spec: JobSpec, team: Team) -> None:
             ctx.log.warning(f"checkpoint store team directory: {problem}")
             return
         slug = team_slug(team.name)
-        fields = _as_layout_owner(ctx, owner, _caught(lambda warnings: _make_store_team_dir(root, slug, team.gid,
-                                                                                            owner)),
+        fields = _as_layout_owner(ctx, owner, _caught(lambda: _make_store_team_dir(root, slug, team.gid, owner)),
                                   f"{root}/_teams/{slug}")
         if fields.get("created"):
             ctx.notes.append(f"store team dir {root}/_teams/{slug}")
