@@ -35,6 +35,7 @@ from pathlib import Path
 
 from slurm_bt.atomic import fsync_dir, write_file_atomic
 from slurm_bt.errors import StorageError
+from slurm_bt.posix.hook_env import SlurmHookEnv
 from slurm_bt.posix.privdrop import FileOpener, NotRegularFile
 from slurm_bt.posix.safefs import remove_owned_tree
 from slurm_bt.storage.checksums import sha256_fd
@@ -246,6 +247,22 @@ class ClusterCache:
         if problem is not None:
             cache.refused = f"{cache.root} {problem}; it is ignored (an admin must remove it: rm -rf {cache.root})"
         return cache
+
+    def read_as_user(self, uid: int, gid: int) -> None:
+        """Open this tier's files as ``uid`` (with ``gid`` and its groups) from now on, when we are root.
+
+        The node side does this for a team tier (the prolog's staging child, the node stager): root
+        never opens a path tenants write, and on a root-squashed filesystem could not. The opener is
+        started here, before the caller starts threads. A no-op unless root, and for root's own jobs.
+        """
+        if os.geteuid() == 0 and uid != 0 and self.opener is None:
+            self.opener = FileOpener(SlurmHookEnv.for_uid(uid, gid)).start()
+
+    def close_reader(self) -> None:
+        """End the opener of :meth:`read_as_user`, if any."""
+        if self.opener is not None:
+            self.opener.close()
+            self.opener = None
 
     @property
     def root(self) -> Path:

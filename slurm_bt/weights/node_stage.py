@@ -55,8 +55,6 @@ from typing import IO, TYPE_CHECKING, Any
 
 from slurm_bt.atomic import write_file_atomic
 from slurm_bt.errors import WeightsJobError
-from slurm_bt.posix.hook_env import SlurmHookEnv
-from slurm_bt.posix.privdrop import FileOpener
 from slurm_bt.storage.checksums import sha256_fd
 from slurm_bt.trusted_files import read_trusted_file
 from slurm_bt.weights.manifest import Manifest
@@ -362,17 +360,14 @@ class _NodeTiers:
         public_node.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         job_gid = int(environ.get("SLURM_JOB_GID", gid))
         tiers = cls(base, team, shared, team_tier, public_node, team_node, site, log, reader=(uid, job_gid))
-        if os.geteuid() == 0 and uid != 0:
-            # Root never opens the team tier itself: the job user does and passes descriptors
-            # (a root-squashed filesystem would refuse root anyway; docs/weights-cache.md §2).
-            team_tier.opener = FileOpener(SlurmHookEnv.for_uid(uid, job_gid)).start()
+        # Root never opens the team tier itself: the job user does and passes descriptors
+        # (a root-squashed filesystem would refuse root anyway; docs/weights-cache.md §2).
+        team_tier.read_as_user(uid, job_gid)
         return tiers
 
     def close(self) -> None:
         """End the job user's opener of the team tier, if any."""
-        if self.team_tier.opener is not None:
-            self.team_tier.opener.close()
-            self.team_tier.opener = None
+        self.team_tier.close_reader()
 
     def authorize(self, m: Manifest) -> None:
         if not (self.team_tier.has(m) or self.shared.has(m)):

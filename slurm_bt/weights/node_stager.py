@@ -46,8 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_bt.atomic import write_file_atomic
-from slurm_bt.posix.hook_env import SlurmHookEnv
-from slurm_bt.posix.privdrop import FileOpener, spawn_detached
+from slurm_bt.posix.privdrop import spawn_detached
 from slurm_bt.trusted_files import read_trusted_file
 from slurm_bt.weights.locks import process_start_time
 from slurm_bt.weights.manifest import Manifest
@@ -345,15 +344,14 @@ def run(request_path: Path) -> int:
     tiers = [c for c in (shared, team_tier) if c.refused is None]
     path = request_path.with_name(f"{key}.progress")
     reader = req.get("reader")
-    if isinstance(reader, dict) and os.geteuid() == 0 and int(reader["uid"]) != 0:
+    if isinstance(reader, dict):
         # as in the prolog: the job user opens the team tier's blobs and passes the descriptors;
         # started before the tracker's thread (a fork is safest in a single-threaded process)
-        team_tier.opener = FileOpener(SlurmHookEnv.for_uid(int(reader["uid"]), int(reader["gid"]))).start()
+        team_tier.read_as_user(int(reader["uid"]), int(reader["gid"]))
     try:
         return _copy(request_path, key, path, node, manifest, tiers, policy)
     finally:
-        if team_tier.opener is not None:
-            team_tier.opener.close()
+        team_tier.close_reader()
 
 
 def _copy(request_path: Path, key: str, path: Path, node: NodeCache, manifest: Manifest, tiers: list[ClusterCache],
