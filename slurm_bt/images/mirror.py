@@ -279,6 +279,27 @@ def mirror_image(
     return outcome
 
 
+def _same_image_under_another_name(tier: ClusterCache, pin: ImagePin) -> Manifest | None:
+    """The entry of ``pin`` made from the tier's trusted, complete record of the same digest under another name.
+
+    The squashfs depends only on the image's content, which its digest names; so an entry for this name can
+    point at the same blob without pulling again. ``lookup_pin`` trusts only root's and the caller's own
+    records, as for a hit. Called under the image's lock."""
+    from slurm_bt.weights.plan import lookup_pin
+
+    key = image_pin_key(pin.digest)
+    old = lookup_pin(tier, key)
+    if (old is None or old.kind != "oci" or old.revision != pin.digest or len(old.files) != 1
+            or old.files[0].path != IMAGE_FILE):
+        return None
+    m = image_manifest(pin, old.files[0].sha256, old.files[0].size)
+    with tier.lock(f"manifest-{m.manifest_id}"):
+        tier.add_manifest(m)
+    with contextlib.suppress(OSError):  # as in mirror_into: a teammate's record may sit there
+        tier.write_pin(key, m)
+    return m
+
+
 def mirror_into(
     target: ClusterCache, pin: ImagePin, auth: DockerAuthSpec | None, containers: ContainerSettings,
     store: SecretStore, *, lookup: Callable[[], tuple[Manifest, str] | None], out: IO[str] = sys.stdout,
@@ -300,6 +321,11 @@ def mirror_into(
         hit = lookup()  # the holder we waited for published it
         if hit is not None:
             return ImageOutcome(pin.reference, "cluster-hit", hit[0].total_bytes, time.monotonic() - t0, hit[0])
+        renamed = _same_image_under_another_name(team_tier, pin)
+        if renamed is not None:
+            print(f"slurm-bt staging: image {pin.reference}: {pin.resolved} is already here under another name; "
+                  "recorded under this one (nothing pulled)", file=out, flush=True)
+            return ImageOutcome(pin.reference, "cluster-hit", renamed.total_bytes, time.monotonic() - t0, renamed)
         login = registry_login(auth, store) if auth is not None else None
         registry = pin.resolved.split("/", 1)[0]
         with team_tier.writer_dir() as wdir:

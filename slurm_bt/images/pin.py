@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from slurm_bt.errors import ConfigError, Problem, RegistryToolError, SourceError, SourceUnavailableError
 from slurm_bt.images.credentials import auth_field, registry_login
-from slurm_bt.images.entry import image_pin_key
+from slurm_bt.images.entry import image_pin_key, image_source
 from slurm_bt.images.reference import ImageRef, parse_reference
 from slurm_bt.images.skopeo import RegistryAccess, registry_access, run_skopeo
 from slurm_bt.job_spec import ImagePin
@@ -176,6 +176,17 @@ def cached_image(pin: ImagePin, cluster_cache: str, team: str) -> tuple[Manifest
     key = image_pin_key(pin.digest)
     for name, tier in tiers:
         m = lookup_pin(tier, key)
-        if m is not None and m.kind == "oci" and m.revision == pin.digest:
+        if is_entry_of(m, pin):
+            assert m is not None
             return m, name
     return None
+
+
+def is_entry_of(m: Manifest | None, pin: ImagePin) -> bool:
+    """True when ``m`` (a pin record's manifest) is the entry of exactly this pin: digest and name.
+
+    Pin records are keyed by the digest alone; the same image reached under another name (the site's
+    registry mirror moved, or one image under two registries) has a record naming the other source, and
+    the prolog checks the job's manifest against the job's pin, name included. The staging job then
+    adds the entry under this name (``mirror_into``), pointing at the same squashfs."""
+    return m is not None and m.kind == "oci" and m.revision == pin.digest and m.source == image_source(pin)

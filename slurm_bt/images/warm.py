@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING
 from slurm_bt.errors import Problem, StorageError, UserError
 from slurm_bt.images.entry import image_pin_key
 from slurm_bt.images.mirror import mirror_into
-from slurm_bt.images.pin import cached_image, pin_reference
+from slurm_bt.images.pin import cached_image, is_entry_of, pin_reference
 
 if TYPE_CHECKING:
     from slurm_bt.secrets_store import SecretStore
@@ -49,7 +49,7 @@ def warm_image(image: str, *, team: str, shared: bool, site: SiteSettings, store
 
         def lookup() -> tuple[Manifest, str] | None:
             m = lookup_pin(shared_tier, image_pin_key(pin.digest))
-            return (m, "shared") if m is not None and m.kind == "oci" and m.revision == pin.digest else None
+            return (m, "shared") if m is not None and is_entry_of(m, pin) else None
     else:
         if team_tier.refused is not None:
             raise StorageError(str(team_tier.root), team_tier.refused)

@@ -234,6 +234,41 @@ def test_moved_tag_mirrors_the_pinned_digest(oci_registries: OciRegistries, tmp_
     assert got == b"one\n"
 
 
+def test_same_image_under_another_registry_name_is_recorded_without_pulling(oci_registries: OciRegistries,
+                                                                            tmp_path: Path) -> None:
+    """A site's mirror moved (the dev cluster's isolated layout serves the registry at the head's address):
+    the digest's squashfs is already in the tier under the old name. The job's manifest must name the new
+    pin (the prolog compares them), and the staging job records it without pulling again."""
+    from slurm_bt.images.entry import image_source
+    from slurm_bt.weights.plan import cluster_tiers
+
+    tag = uuid.uuid4().hex[:8]
+    oci_registries.push("library/pytest-renamed", tag, {"etc/version": b"one\n"})
+    site = _site(oci_registries, tmp_path)
+    spec = _spec(tmp_path, f"pytest-renamed:{tag}", site)
+    pin = pin_image(spec, site, _store(tmp_path))
+    first = mirror_image(tmp_path, spec.model_copy(update={"image_pin": pin}), _plan(site), _store(tmp_path))
+    assert first.tier == "miss"
+    # the same registry under another name its certificate carries; then it goes away: nothing can be pulled
+    other = pin.model_copy(update={"resolved": "localhost:" + pin.resolved.split(":", 1)[1]})
+    assert cached_image(other, site.storage.cluster_cache, _team()) is None  # the record names the old source
+    oci_registries.public.stop()
+    try:
+        job = tmp_path / "job2"
+        job.mkdir()
+        out = mirror_image(job, spec.model_copy(update={"image_pin": other}), _plan(site), _store(tmp_path))
+    finally:
+        oci_registries.public.start()
+    assert out.tier == "cluster-hit"
+    assert out.manifest.source == image_source(other) and out.manifest.files == first.manifest.files
+    written = job_image_manifest_path(job).read_text()
+    assert image_source(other) in written
+    team_tier = cluster_tiers(site.storage.cluster_cache, _team())[0]
+    assert team_tier.has(out.manifest)
+    hit = cached_image(other, site.storage.cluster_cache, _team())
+    assert hit is not None and hit[0] == out.manifest
+
+
 def test_corrupted_layer_is_refused_and_nothing_published(oci_registries: OciRegistries, tmp_path: Path) -> None:
     import json
 
