@@ -8,6 +8,10 @@ installed release (`slurmctld -V`) and writes what that release needs (see devcl
     devcluster.py up --shared local|gluster
                            the same, with <state>/shared on this disk (the default) or on a GlusterFS
                            volume with root squash on, as real sites export shared storage (remembered)
+    devcluster.py up --isolated [--nodes N] | --host-nodes
+                           the same, with each slurmd in an isolated machine of its own (N nodes, default 4:
+                           own network, hostname, processes, /tmp, /dev/shm, local disk; devcluster/nodes.py)
+                           or the two slurmds on this host's network (remembered; combines with --shared)
     devcluster.py down     stop exactly the daemons whose PID files we own (SIGTERM, then SIGKILL)
     devcluster.py status   print each daemon with PID and alive/dead; exit 0 if all are up
     devcluster.py image build NAME [--pip PKG]... [--from DIR]
@@ -39,7 +43,14 @@ import time
 from pathlib import Path
 
 CLUSTER = "btdev"
-NODES = {"n1": ("127.0.0.1", 6821), "n2": ("127.0.0.1", 6822)}
+# The nodes, name -> (address, slurmd port): set_layout() fills it for the remembered layout (<state>/layout):
+#   host      n1, n2 on this host's network, 127.0.0.1 ports 6821/6822 (every slurmd shares this host's view);
+#   isolated  n1..nN, each slurmd in a machine of its own (devcluster/nodes.py): 198.51.100.1x, port 6818.
+NODES: dict[str, tuple[str, int]] = {"n1": ("127.0.0.1", 6821), "n2": ("127.0.0.1", 6822)}
+LAYOUTS = ("host", "isolated")
+LAYOUT = "host"
+DEFAULT_ISOLATED_NODES = 4
+HEAD_ADDR = "127.0.0.1"  # where the nodes reach slurmctld and the registries: the bridge address when isolated
 PARTITIONS = ["gpu", "staging"]
 GRES_TYPE = "h100"
 GPUS_PER_NODE = 4
@@ -183,11 +194,87 @@ MYSQLD_SAFE = Daemon("mysqld_safe", {"mysqld_safe"}, RUN / "mysqld_safe.pid", LO
 MYSQLD = Daemon("mariadbd", {"mariadbd", "mysqld"}, RUN / "mysql" / "mysqld.pid", LOG / "mariadb.err")
 SLURMDBD = Daemon("slurmdbd", {"slurmdbd"}, RUN / "slurm" / "slurmdbd.pid", SLURM_LOG_DIR / "slurmdbd.log")
 SLURMCTLD = Daemon("slurmctld", {"slurmctld"}, RUN / "slurm" / "slurmctld.pid", SLURM_LOG_DIR / "slurmctld.log")
-SLURMDS = {
-    n: Daemon(f"slurmd-{n}", {"slurmd"}, RUN / f"slurmd-{n}.pid", SLURM_LOG_DIR / f"slurmd-{n}.log", ("-N", n))
-    for n in NODES
-}
-ALL_DAEMONS = [MUNGED, MYSQLD_SAFE, MYSQLD, SLURMDBD, SLURMCTLD, *SLURMDS.values()]
+
+
+def _nodes_mod():  # devcluster/nodes.py: a sibling script, imported by path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import nodes
+
+    return nodes
+
+
+class Machine(Daemon):
+    """An isolated node's machine: the init process that holds its namespaces (devcluster/nodes.py)."""
+
+    def __init__(self, node: str):
+        super().__init__(f"machine-{node}", {"python3"}, RUN / f"machine-{node}.pid", LOG / f"machine-{node}.log")
+        self.node = node
+
+    def matches(self, pid: int) -> bool:
+        return super().matches(pid) and _nodes_mod().is_init(pid, self.node)
+
+
+class MachineSlurmd(Daemon):
+    """slurmd inside a machine: it daemonises there, so its PID file holds the machine's PID; the host finds it
+    among the init's children (the daemon is reparented to the machine's PID 1)."""
+
+    def __init__(self, node: str, machine: Machine):
+        super().__init__(f"slurmd-{node}", {"slurmd"}, RUN / f"slurmd-{node}.pid", SLURM_LOG_DIR / f"slurmd-{node}.log",
+                         ("-N", node))
+        self.machine = machine
+
+    def read_pid(self) -> int | None:
+        init = self.machine.pid()
+        if init is None:
+            return None
+        for child in _nodes_mod().children(init):
+            if self.matches(child):
+                return child
+        return None
+
+    def remove_pidfile(self) -> None:
+        pass  # the file slurmd writes inside its machine is not ours
+
+
+def _host_slurmd(n: str) -> Daemon:
+    return Daemon(f"slurmd-{n}", {"slurmd"}, RUN / f"slurmd-{n}.pid", SLURM_LOG_DIR / f"slurmd-{n}.log", ("-N", n))
+
+
+SLURMDS: dict[str, Daemon] = {n: _host_slurmd(n) for n in NODES}
+MACHINES: dict[str, Machine] = {}
+ALL_DAEMONS: list[Daemon] = [MUNGED, MYSQLD_SAFE, MYSQLD, SLURMDBD, SLURMCTLD, *SLURMDS.values()]
+LAYOUT_FILE = STATE / "layout"
+NODE_LOCAL_MOUNT = STATE / "local"
+HOSTS_FILE = STATE / "hosts"
+
+
+def set_layout(layout: str, count: int) -> None:
+    """Point the node tables at ``layout`` with ``count`` nodes (host: always n1, n2)."""
+    global LAYOUT, HEAD_ADDR, NODES, SLURMDS, MACHINES, ALL_DAEMONS
+    LAYOUT = layout
+    if layout == "isolated":
+        nodes = _nodes_mod()
+        HEAD_ADDR = nodes.HEAD_ADDR
+        NODES = {f"n{i}": (nodes.node_addr(i), 6818) for i in range(1, count + 1)}
+        MACHINES = {n: Machine(n) for n in NODES}
+        SLURMDS = {n: MachineSlurmd(n, MACHINES[n]) for n in NODES}
+    else:
+        HEAD_ADDR = "127.0.0.1"
+        NODES = {"n1": ("127.0.0.1", 6821), "n2": ("127.0.0.1", 6822)}
+        MACHINES = {}
+        SLURMDS = {n: _host_slurmd(n) for n in NODES}
+    ALL_DAEMONS = [MUNGED, MYSQLD_SAFE, MYSQLD, SLURMDBD, SLURMCTLD, *MACHINES.values(), *SLURMDS.values()]
+
+
+def remembered_layout() -> tuple[str, int]:
+    """(layout, node count) from <state>/layout ("isolated 4"), else the host layout."""
+    try:
+        words = LAYOUT_FILE.read_text().split()
+        if len(words) == 2 and words[0] in LAYOUTS and words[1].isdigit() and 1 <= int(words[1]) <= 8:
+            return words[0], int(words[1])
+    except OSError:
+        pass
+    return "host", 2
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -383,6 +470,9 @@ def ensure_dirs() -> bool:
     for n in NODES:
         mkdir(SPOOL / "slurmd" / n, 0o755)
     mkdir(STATE / "node", 0o755)
+    # Isolated layout: where each machine binds its own node/<n> (devcluster/nodes.py), the same path on every
+    # node, as /local/nvme would be on a real one. Empty on the host.
+    mkdir(NODE_LOCAL_MOUNT, 0o755)
     # Node-local stand-ins, one tree per slurmd (site storage roots use %n). The slurm-bt prolog
     # creates each job's scratch (0700, the job's user), so the scratch root is root-owned 0755:
     # users cannot pre-create (or plant symlinks at) job directories. The node weights cache is written
@@ -438,7 +528,7 @@ def slurm_conf(rel: Release) -> str:
     lines = [
         "# Generated by slurm-bt devcluster/devcluster.py -- do not edit (rewritten by `up`).",
         f"ClusterName={CLUSTER}",
-        f"SlurmctldHost={host}(127.0.0.1)",
+        f"SlurmctldHost={host}({HEAD_ADDR})",
         f"SlurmctldPort={CTLD_PORT}",
         "SlurmdPort=6818",
         "SlurmUser=slurm",
@@ -512,7 +602,8 @@ def slurm_conf(rel: Release) -> str:
         # Features=<its name>: a feature of the node's own lets bt-sbatch --prefer the nodes whose cache holds
         # a job's weights (slurm_bt/slurm/prefer.py; admin install advises it).
         lines.append(
-            f"NodeName={name} NodeHostname={host} NodeAddr={addr} Port={port} CPUs={NODE_CPUS} Boards=1 "
+            f"NodeName={name} NodeHostname={name if LAYOUT == 'isolated' else host} NodeAddr={addr} Port={port} "
+            f"CPUs={NODE_CPUS} Boards=1 "
             f"SocketsPerBoard=1 CoresPerSocket={NODE_CPUS} ThreadsPerCore=1 RealMemory={NODE_MEM_MB} "
             f"Gres=gpu:{GRES_TYPE}:{GPUS_PER_NODE} Features={name} State=UNKNOWN"
         )
@@ -764,7 +855,50 @@ def ensure_slurmctld(restart: bool) -> None:
     step(f"slurmctld: started (pid {SLURMCTLD.pid()})")
 
 
+def ensure_machines() -> None:
+    """Isolated layout: the bridge, each node's network and its machine (idempotent; a running machine and
+    its jobs are left alone)."""
+    nodes = _nodes_mod()
+    try:
+        if nodes.ensure_shared_root():
+            step("nodes: / is now a shared mount, so the shared storage mounted later reaches the machines")
+        nodes.ensure_bridge()
+        for name, (addr, _port) in sorted(NODES.items()):
+            nodes.ensure_node_net(name, addr)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        raise Failure(f"nodes: {e}") from e
+    write_if_changed(HOSTS_FILE, nodes.hosts_file({n: a for n, (a, _p) in NODES.items()}, hostname()), 0o644)
+    for name, m in MACHINES.items():
+        if m.pid() is not None:
+            continue
+        with open(m.log, "ab") as out:
+            proc = subprocess.Popen(nodes.init_argv(name, STATE / "node" / name, NODE_LOCAL_MOUNT, HOSTS_FILE),
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+        init = _machine_init(m, proc)
+        if init is None:
+            raise Failure(f"machine {name}: its init did not start", m.log)
+        m.pidfile.write_text(f"{init}\n")
+        step(f"machine {name}: started (init pid {init}, {NODES[name][0]})")
+
+
+def _machine_init(m: Machine, proc: subprocess.Popen) -> int | None:
+    """The init's PID as the host sees it: nsenter execs unshare, whose one child is the init."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        found = [c for c in _nodes_mod().children(proc.pid) if m.matches(c)]
+        if found:
+            return found[0]
+        if proc.poll() is not None:
+            return None
+        time.sleep(0.1)
+    return None
+
+
 def ensure_slurmds(restart: bool) -> None:
+    if LAYOUT == "isolated":
+        ensure_machines()
     # A slurmd left running with a different config must restart too.
     for name, d in SLURMDS.items():
         pid = d.pid()
@@ -775,7 +909,8 @@ def ensure_slurmds(restart: bool) -> None:
             step(f"slurmd {name}: running (pid {pid})")
             continue
         d.remove_pidfile()
-        spawn_daemon(["/usr/sbin/slurmd", "-N", name], f"slurmd-{name}")
+        enter = _nodes_mod().enter_argv(MACHINES[name].pid()) if name in MACHINES else []
+        spawn_daemon([*enter, "/usr/sbin/slurmd", "-N", name], f"slurmd-{name}")
         if not wait_for(d.pid, 20):
             raise Failure(f"slurmd {name}: no live pid in {d.pidfile} within 20s", d.log)
         step(f"slurmd {name}: started (pid {d.pid()})")
@@ -838,7 +973,13 @@ def write_cluster_json(rel: Release, shared: str = "local") -> None:
         "shared_root_squash": shared == "gluster",
         # where an admin (a host where root is not squashed) sees the shared storage: tests set up through it
         "shared_admin_dir": str(STATE / ("shared-admin" if shared == "gluster" else "shared")),
-        "node_local_dir": str(STATE / "node"),
+        "node_local_dir": str(STATE / "node"),  # node/<n>: each node's local disk, as the host sees it
+        # host: every slurmd on this host's network; isolated: each in a machine of its own (devcluster/nodes.py)
+        "layout": LAYOUT,
+        "head_addr": HEAD_ADDR,  # where nodes reach the head (slurmctld, registries, the tests' servers)
+        "head_alt_addr": _nodes_mod().HEAD_ALT_ADDR if LAYOUT == "isolated" else None,  # a second origin
+        # isolated: the path where every node sees its own node/<n>
+        "node_local_mount": str(NODE_LOCAL_MOUNT) if LAYOUT == "isolated" else None,
         "slurm_conf": str(SLURM_CONF),
         "prolog": str(PROLOG),
         "epilog": str(EPILOG),
@@ -1115,20 +1256,23 @@ def _ensure_registry() -> None:
                 pw_file.write_text(secrets.token_urlsafe(18) + "\n")
                 os.chmod(pw_file, 0o600)
             users = {"dev": pw_file.read_text().strip()}
-        reg = oci.Registry(REGISTRY_DIR / kind, port, users=users, ca_dir=tls)
+        reg = oci.Registry(REGISTRY_DIR / kind, port, users=users, ca_dir=tls, addr=HEAD_ADDR)
         d = REGISTRIES[kind]
+        if d.pid() is not None and (not reg.config.is_file()
+                                    or f'"addr": "{reg.host}"' not in reg.config.read_text(errors="replace")):
+            step(f"{d.name}: moving to {reg.host} ({d.stop()})")  # the layout changed the head's address
         if d.pid() is None:
             reg.prepare()
             with open(d.log, "ab") as out:
                 proc = subprocess.Popen(reg.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True)
             d.pidfile.write_text(f"{proc.pid}\n")
-            if not wait_for(lambda p=port: socket.create_connection(("127.0.0.1", p), timeout=0.5).close() is None,
+            if not wait_for(lambda p=port: socket.create_connection((HEAD_ADDR, p), timeout=0.5).close() is None,
                             20):
-                raise Failure(f"{d.name} did not listen on 127.0.0.1:{port}", d.log)
-            step(f"{d.name}: started (pid {proc.pid}, https://127.0.0.1:{port})")
+                raise Failure(f"{d.name} did not listen on {reg.host}", d.log)
+            step(f"{d.name}: started (pid {proc.pid}, https://{reg.host})")
     os.chmod(tls, 0o755)  # noqa: S103 - the CA certificate is read by every user's skopeo (site ca_bundle)
-    public = oci.Registry(REGISTRY_DIR / "public", REGISTRY_PORTS["public"], ca_dir=tls)
+    public = _public_registry()
     for repo, tag in EXAMPLE_IMAGES:
         if oci.has_tag(public, repo, tag):
             continue
@@ -1265,7 +1409,8 @@ SITE_FILE = Path("/etc/slurm-bt/site.toml")
 
 
 def _public_registry():  # the oci_image.Registry that serves the example image
-    return _oci_image().Registry(REGISTRY_DIR / "public", REGISTRY_PORTS["public"], ca_dir=REGISTRY_DIR / "tls")
+    return _oci_image().Registry(REGISTRY_DIR / "public", REGISTRY_PORTS["public"], ca_dir=REGISTRY_DIR / "tls",
+                                 addr=HEAD_ADDR)
 SITE_MARKER = "# managed by devcluster/devcluster.py: delete this line to keep your own edits"
 
 
@@ -1291,7 +1436,10 @@ def ensure_site_file() -> None:
             "# The dev cluster's site file (docs/site-config.md); anything not set here is slurm-bt's default.\n"
             + (f"# container_runtime is none because {', '.join(why)}.\n" if why else
                "# Jobs run inside their pinned image with Charliecloud (docs/containers.md).\n")
-            + f'container_runtime = "{runtime}"\n')
+            + f'container_runtime = "{runtime}"\n'
+            + ("# The isolated nodes reach the dev registry at the head's address (devcluster/README.md, Nodes).\n"
+               f'[containers]\nregistry_mirrors = {{ "docker.io" = "{HEAD_ADDR}:{REGISTRY_PORTS["public"]}" }}\n'
+               if LAYOUT == "isolated" else ""))
     mkdir(SITE_FILE.parent, 0o755)
     if SITE_FILE.exists() and SITE_FILE.read_text(errors="replace") == text:
         return
@@ -1302,12 +1450,37 @@ def ensure_site_file() -> None:
     step(f"site: {SITE_FILE}: container_runtime = {runtime}" + (f" ({', '.join(why)})" if why else ""))
 
 
-def cmd_up(shared: str | None = None) -> int:
+def switch_layout(layout: str, count: int) -> None:
+    """Stop the nodes of the remembered layout when ``up`` asks for another one, then remember the new one."""
+    if (layout, count) == remembered_layout():
+        return
+    old_layout = LAYOUT
+    for d in [*SLURMDS.values(), *MACHINES.values()]:  # the old layout's: a machine's jobs end with it
+        step(f"{d.name}: {d.stop()}")
+    if old_layout == "isolated":
+        nodes = _nodes_mod()
+        for name in NODES:
+            nodes.remove_node_net(name)
+        if layout != "isolated":
+            nodes.remove_bridge()
+    write_if_changed(LAYOUT_FILE, f"{layout} {count}\n", 0o644)
+    set_layout(layout, count)
+    step(f"layout: {layout}, {count} nodes")
+
+
+def cmd_up(shared: str | None = None, layout: tuple[str, int] | None = None) -> int:
     t0 = time.monotonic()
     ensure_packages()
     rel = probe_release()
     use_mariadb_socket(probe_mariadb_socket())
     step(f"release: Slurm {rel.text} (MariaDB socket {MYSQL_SOCK})")
+    if layout is not None:
+        switch_layout(*layout)
+    if LAYOUT == "isolated":
+        try:  # before slurmctld: it is reached at the bridge's address, by the host's clients too
+            _nodes_mod().ensure_bridge()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            raise Failure(f"nodes: {e}") from e
     ensure_hooks()
     devices_changed = ensure_dirs()
     mode = shared_mode(shared)
@@ -1336,7 +1509,8 @@ def cmd_down() -> int:
     # Reverse start order. mariadbd first, then its mysqld_safe wrapper (which ignores SIGTERM and exits
     # by itself after a clean server shutdown).
     stop_registries()
-    order = [*reversed(SLURMDS.values()), SLURMCTLD, SLURMDBD, MYSQLD, MYSQLD_SAFE, MUNGED]
+    # An isolated node's machine stops after its slurmd: like a node that powers off, its jobs end with it.
+    order = [*reversed(SLURMDS.values()), *MACHINES.values(), SLURMCTLD, SLURMDBD, MYSQLD, MYSQLD_SAFE, MUNGED]
     for d in order:
         bound = 30.0 if d is MYSQLD else (3.0 if d is MYSQLD_SAFE else 15.0)
         step(f"{d.name}: {d.stop(bound)}")
@@ -1362,6 +1536,7 @@ def cmd_status() -> int:
     for d in REGISTRIES.values():  # informational: a cluster without the registry still runs jobs
         pid = d.pid()
         print(f"{d.name:<12} pid {pid if pid else '-':<8} {'alive' if pid else 'dead'}")
+    print(f"layout       {LAYOUT}: " + " ".join(f"{n}={addr}" for n, (addr, _p) in sorted(NODES.items())))
     mode = shared_mode()
     if mode == "gluster":
         pid = GLUSTERD.pid()
@@ -1387,14 +1562,28 @@ def cmd_status() -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[1] == "image":
+        set_layout(*remembered_layout())  # the registry's address depends on it
         try:
             return cmd_image(argv[2:])
         except Failure as e:
             print(f"ERROR: {e}", file=sys.stderr)
             return 2 if isinstance(e, UsageError) else 1
     shared = None
-    if len(argv) == 4 and argv[1] == "up" and argv[2] == "--shared" and argv[3] in SHARED_MODES:
-        shared, argv = argv[3], argv[:2]
+    layout: tuple[str, int] | None = None
+    opts = argv[2:] if len(argv) >= 2 and argv[1] == "up" else []
+    argv = argv[:2] if opts else argv
+    while opts:  # up [--shared MODE] [--isolated [--nodes N] | --host-nodes]
+        if opts[0] == "--shared" and len(opts) >= 2 and opts[1] in SHARED_MODES:
+            shared, opts = opts[1], opts[2:]
+        elif opts[0] == "--isolated":
+            layout, opts = ("isolated", layout[1] if layout else DEFAULT_ISOLATED_NODES), opts[1:]
+        elif opts[0] == "--nodes" and len(opts) >= 2 and opts[1].isdigit() and 1 <= int(opts[1]) <= 8:
+            layout, opts = ("isolated", int(opts[1])), opts[2:]
+        elif opts[0] == "--host-nodes":
+            layout, opts = ("host", 2), opts[1:]
+        else:
+            argv = []
+            break
     if len(argv) != 2 or argv[1] not in ("up", "down", "status"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
@@ -1407,8 +1596,9 @@ def main(argv: list[str]) -> int:
             STATE.mkdir(parents=True, exist_ok=True)
             lock = open(STATE / ".lock", "w")
             fcntl.flock(lock, fcntl.LOCK_EX)
+        set_layout(*remembered_layout())
         if argv[1] == "up":
-            return cmd_up(shared)
+            return cmd_up(shared, layout)
         return {"down": cmd_down, "status": cmd_status}[argv[1]]()
     except Failure as e:
         print(f"ERROR: {e}", file=sys.stderr)

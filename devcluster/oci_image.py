@@ -343,21 +343,26 @@ def make_index(layout: Path, platforms: dict[str, str], tag: str) -> None:
 
 
 def make_ca(folder: Path, host_ip: str = "127.0.0.1") -> tuple[Path, Path, Path]:
-    """A self-signed CA and a server certificate for ``host_ip`` (SAN IP and localhost) in ``folder``.
+    """A self-signed CA and a server certificate for ``host_ip`` and 127.0.0.1 (SAN IPs and localhost) in ``folder``.
 
-    Returns (ca.crt, server.crt, server.key); kept when they exist.
+    Returns (ca.crt, server.crt, server.key). The CA is kept when it exists (clients trust it); the server
+    certificate is kept while it names the same addresses, and is issued again by the same CA otherwise (the
+    dev cluster's isolated layout serves the registries at the head's bridge address too).
     """
     folder.mkdir(parents=True, exist_ok=True)
     ca_crt, ca_key = folder / "ca.crt", folder / "ca.key"
     crt, key = folder / "server.crt", folder / "server.key"
-    if ca_crt.is_file() and crt.is_file() and key.is_file():
-        return ca_crt, crt, key
-    _run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-subj",
-          "/CN=slurm-bt dev registry CA", "-keyout", str(ca_key), "-out", str(ca_crt)])
-    csr = folder / "server.csr"
     ext = folder / "server.ext"
-    ext.write_text(f"subjectAltName=IP:{host_ip},DNS:localhost\nbasicConstraints=CA:FALSE\n"
-                   "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    ips = sorted({host_ip, "127.0.0.1"})
+    ext_text = (f"subjectAltName={','.join(f'IP:{ip}' for ip in ips)},DNS:localhost\nbasicConstraints=CA:FALSE\n"
+                "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    if not (ca_crt.is_file() and ca_key.is_file()):
+        _run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-subj",
+              "/CN=slurm-bt dev registry CA", "-keyout", str(ca_key), "-out", str(ca_crt)])
+    elif crt.is_file() and key.is_file() and ext.is_file() and ext.read_text() == ext_text:
+        return ca_crt, crt, key
+    csr = folder / "server.csr"
+    ext.write_text(ext_text)
     _run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host_ip}", "-keyout", str(key),
           "-out", str(csr)])
     _run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_key),
@@ -367,7 +372,8 @@ def make_ca(folder: Path, host_ip: str = "127.0.0.1") -> tuple[Path, Path, Path]
     return ca_crt, crt, key
 
 
-def registry_config(*, port: int, root: Path, cert: Path, key: Path, htpasswd: Path | None) -> str:
+def registry_config(*, port: int, root: Path, cert: Path, key: Path, htpasswd: Path | None,
+                    addr: str = "127.0.0.1") -> str:
     """The docker-registry config (YAML, written as JSON, which YAML accepts)."""
     cfg: dict[str, object] = {
         "version": 0.1,
@@ -375,7 +381,7 @@ def registry_config(*, port: int, root: Path, cert: Path, key: Path, htpasswd: P
         "storage": {"filesystem": {"rootdirectory": str(root)}, "delete": {"enabled": True},
                     # no in-memory blob descriptor cache: a test that corrupts a blob on disk must be served it
                     "cache": {}},
-        "http": {"addr": f"127.0.0.1:{port}", "tls": {"certificate": str(cert), "key": str(key)},
+        "http": {"addr": f"{addr}:{port}", "tls": {"certificate": str(cert), "key": str(key)},
                  "secret": hashlib.sha256(str(root).encode()).hexdigest()},
     }
     if htpasswd is not None:
@@ -404,18 +410,19 @@ def write_authfile(path: Path, registry: str, user: str, password: str) -> None:
 
 
 class Registry:
-    """One docker-registry process on 127.0.0.1:``port`` serving ``state/data`` over TLS.
+    """One docker-registry process on ``addr``:``port`` (127.0.0.1 unless given) serving ``state/data`` over TLS.
 
     ``users`` given: every request needs basic auth (htpasswd); else anonymous pulls and pushes.
     """
 
     def __init__(self, state: Path, port: int, *, users: dict[str, str] | None = None,
-                 ca_dir: Path | None = None) -> None:
+                 ca_dir: Path | None = None, addr: str = "127.0.0.1") -> None:
         self.state = state
         self.port = port
         self.users = users
         self.ca_dir = ca_dir or state / "tls"
-        self.host = f"127.0.0.1:{port}"
+        self.addr = addr
+        self.host = f"{addr}:{port}"
         self.data = state / "data"
         self.log = state / "registry.log"
         self.config = state / "config.yml"
@@ -428,12 +435,13 @@ class Registry:
     def prepare(self) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
         self.data.mkdir(exist_ok=True)
-        _, crt, key = make_ca(self.ca_dir)
+        _, crt, key = make_ca(self.ca_dir, self.addr)
         htp = None
         if self.users is not None:
             htp = self.state / "htpasswd"
             write_htpasswd(htp, self.users)
-        self.config.write_text(registry_config(port=self.port, root=self.data, cert=crt, key=key, htpasswd=htp))
+        self.config.write_text(registry_config(port=self.port, root=self.data, cert=crt, key=key, htpasswd=htp,
+                                               addr=self.addr))
 
     def argv(self) -> list[str]:
         return ["docker-registry", "serve", str(self.config)]
@@ -454,7 +462,7 @@ class Registry:
                 raise RuntimeError(f"docker-registry exited {self.proc.returncode}: "
                                    f"{self.log.read_text(errors='replace')[-2000:]}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                with socket.create_connection((self.addr, self.port), timeout=0.2):
                     return
             except OSError:
                 time.sleep(0.05)

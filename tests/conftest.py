@@ -24,6 +24,34 @@ DEVCLUSTER = REPO / "devcluster" / "devcluster.py"
 STATE = Path(os.environ.get("BT_DEVCLUSTER_DIR", "/var/lib/slurm-bt-dev"))
 
 
+def _isolated_cluster() -> bool:
+    try:
+        return json.loads((STATE / "cluster.json").read_text()).get("layout") == "isolated"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+_BASETEMP = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Temp dirs where the nodes see them: on the isolated dev cluster each node has its own /tmp (as real
+    nodes do), so pytest's tmp_path (under /tmp) would not reach the jobs that run from it. /var/tmp is the
+    host's on every node there. xdist workers get a folder inside the controller's."""
+    if config.option.basetemp is None and not hasattr(config, "workerinput") and _isolated_cluster():
+        import tempfile
+
+        base = Path(tempfile.mkdtemp(prefix="bt-pytest-", dir="/var/tmp"))
+        config.option.basetemp = str(base)
+        config.stash[_BASETEMP] = base
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    base = config.stash.get(_BASETEMP, None)
+    if base is not None:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def host_runtime_site() -> Iterator[Path | None]:
     """The suite's jobs run on the host unless a test names a container runtime in its own site file.

@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from tests.integration.cluster_nodes import registry_host
+
 pytestmark = pytest.mark.slurm
 
 BIN = Path(sys.executable).parent
@@ -218,9 +220,10 @@ def test_own_image_from_devcluster_image_build_runs_a_job(default_site: Path, tm
     built = _run(["/usr/bin/python3", str(REPO / "devcluster" / "devcluster.py"), "image", "build", name,
                   "--pip", "tqdm", "--from", str(extra)])
     assert built.returncode == 0, built.stderr
-    assert f"127.0.0.1:5443/{name}" in built.stdout, built.stdout
+    registry = registry_host()  # 127.0.0.1:5443, or the head's address where the nodes are isolated
+    assert f"{registry}/{name}" in built.stdout, built.stdout
     listed = _run(["/usr/bin/python3", str(REPO / "devcluster" / "devcluster.py"), "image", "list"])
-    assert f"{name}\t127.0.0.1:5443/{name}" in listed.stdout.splitlines(), listed.stdout
+    assert f"{name}\t{registry}/{name}" in listed.stdout.splitlines(), listed.stdout
     folder = Path(tmp_path) / "job"
     folder.mkdir()
     (folder / "config.py").write_text(f'''
@@ -231,5 +234,5 @@ project = definitions.TrainingProject(name="own-image", job=definitions.Training
     runtime=definitions.Runtime(start_commands=["python3 /opt/app/main.py"])))
 ''')
     _, err, logs = submit_as_documented(folder / "config.py", cwd=folder)
-    assert f"image {name} pinned to 127.0.0.1:5443/{name.split(':')[0]}@sha256:" in err, err
+    assert f"image {name} pinned to {registry}/{name.split(':')[0]}@sha256:" in err, err
     assert "OWN IMAGE app with tqdm " in logs, logs[-6000:]

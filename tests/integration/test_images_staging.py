@@ -130,11 +130,12 @@ def test_private_image_with_registry_secret_is_readable_by_the_team_only(site: P
 def test_stopped_registry_fails_staging_not_the_node(site: Path, oci_registries: OciRegistries,
                                                      tmp_path: Path) -> None:
     """The registry goes away between submit and staging: DEPLOY_FAILED, no node drained."""
-    from tests.servers._proc import free_port
+    from tests.servers._proc import HOST, free_port
     from tests.servers.oci_images import oci_image
 
+    # at the address the nodes reach the head: else a node's own loopback would refuse it for another reason
     reg = oci_image.Registry(oci_registries.root / f"gone-{uuid.uuid4().hex[:6]}", free_port(),
-                             ca_dir=oci_registries.public.ca_dir)
+                             ca_dir=oci_registries.public.ca_dir, addr=HOST)
     reg.start()
     try:
         oci_registries_push = OciRegistries(oci_registries.root, reg, oci_registries.private)

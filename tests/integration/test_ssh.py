@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -62,21 +63,22 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         subprocess.run(["useradd", "-m", "-s", "/bin/bash", USER], check=True)
     subprocess.run(["usermod", "-p", "*", USER], check=True)  # unlocked for key login, no password
     subprocess.run(["sacctmgr", "-i", "add", "user", USER, "account=default"], capture_output=True)
-    pw = pwd.getpwnam(USER)
-    ssh_dir = Path(pw.pw_dir) / ".ssh"
-    ssh_dir.mkdir(mode=0o700, exist_ok=True)
-    auth = ssh_dir / "authorized_keys"
+    # This server's own key file (not the user's ~/.ssh/authorized_keys): several sessions' servers (xdist
+    # workers) then never cut each other's clients off. sshd reads it as the user, so not under pytest's
+    # 0700 temp dir; StrictModes would refuse it below the 1777 /var/tmp.
+    keys = Path(tempfile.mkdtemp(prefix="bt-sshd-keys-", dir="/var/tmp"))
+    keys.chmod(0o755)
+    auth = keys / "authorized_keys"
     auth.write_text((root / "client_key.pub").read_text())
-    for p in (ssh_dir, auth):
-        os.chown(p, pw.pw_uid, pw.pw_gid)
-    auth.chmod(0o600)
+    auth.chmod(0o644)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     port = _free_port()
     config = root / "sshd_config"
     config.write_text(textwrap.dedent(f"""\
         HostKey {root}/host_key
         PidFile {root}/sshd.pid
-        AuthorizedKeysFile .ssh/authorized_keys
+        AuthorizedKeysFile {auth}
+        StrictModes no
         PasswordAuthentication no
         KbdInteractiveAuthentication no
         PubkeyAuthentication yes
@@ -116,6 +118,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        shutil.rmtree(keys, ignore_errors=True)
 
 
 def _client_home(base: Path, sshd: Sshd, *, known: bool) -> dict[str, str]:

@@ -37,13 +37,13 @@ class Azurite:
     @property
     def endpoint_template(self) -> str:
         """``azure_endpoint_template`` for the storage settings."""
-        return f"http://127.0.0.1:{self.port}/{{account}}"
+        return f"http://{_proc.HOST}:{self.port}/{{account}}"
 
     @property
     def connection_string(self) -> str:
         """A connection string for the development account."""
         return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
-                f"BlobEndpoint=http://127.0.0.1:{self.port}/{ACCOUNT};")
+                f"BlobEndpoint=http://{_proc.HOST}:{self.port}/{ACCOUNT};")
 
     def service(self) -> Any:
         """An azure-storage-blob service client for the development account."""
@@ -72,7 +72,7 @@ def start_azurite(root: Path) -> Azurite:
         raise RuntimeError("azurite not installed (scripts/install.sh installs it from npm)")
     root.mkdir(parents=True, exist_ok=True)
     port = _proc.free_port()
-    argv = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(root / "data"),
+    argv = [binary, "--blobHost", _proc.HOST, "--blobPort", str(port), "--location", str(root / "data"),
             "--disableTelemetry", "--skipApiVersionCheck", "--silent"]
     log = root / "azurite.log"
     proc = _proc.start(argv, log, root)

@@ -18,6 +18,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
+from tests.servers._proc import HOST
+
 _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
 
 
@@ -36,7 +38,7 @@ class CorruptingProxy:
     def endpoint(self) -> str:
         """``http://127.0.0.1:<port>``."""
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://{HOST}:{self._server.server_address[1]}"
 
     def start(self) -> CorruptingProxy:
         """Listen on a free 127.0.0.1 port in a daemon thread."""
@@ -46,7 +48,7 @@ class CorruptingProxy:
             pass
 
         Handler.proxy = proxy
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer((HOST, 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True, name="corrupt-proxy").start()
         return self

@@ -87,9 +87,9 @@ def start_fake_gcs(root: Path) -> FakeGcs:
     root.mkdir(parents=True, exist_ok=True)
     (root / "data").mkdir(exist_ok=True)
     port = _proc.free_port()
-    argv = [binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "filesystem",
-            "-filesystem-root", str(root / "data"), "-public-host", f"127.0.0.1:{port}",
-            "-external-url", f"http://127.0.0.1:{port}", "-log-level", "warn"]
+    argv = [binary, "-scheme", "http", "-host", _proc.HOST, "-port", str(port), "-backend", "filesystem",
+            "-filesystem-root", str(root / "data"), "-public-host", f"{_proc.HOST}:{port}",
+            "-external-url", f"http://{_proc.HOST}:{port}", "-log-level", "warn"]
     log = root / "gcs.log"
     proc = _proc.start(argv, log, root)
     try:
@@ -97,4 +97,4 @@ def start_fake_gcs(root: Path) -> FakeGcs:
     except BaseException:
         _proc.stop(proc)
         raise
-    return FakeGcs(f"http://127.0.0.1:{port}", proc, root)
+    return FakeGcs(f"http://{_proc.HOST}:{port}", proc, root)

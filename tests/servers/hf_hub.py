@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tests.servers._proc import ALT_HOST, HOST
+
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 
@@ -92,6 +94,7 @@ class FakeHub:
         self._counter = 0
         self.requests: list[tuple[str, str, str | None]] = []
         self._server: ThreadingHTTPServer | None = None
+        self._cdn_server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._sha_cache: dict[int, tuple[bytes, str]] = {}
         #: Redirect LFS downloads to the "CDN" route on another origin (see the module doc).
@@ -176,7 +179,7 @@ class FakeHub:
     def endpoint(self) -> str:
         """``http://127.0.0.1:<port>``."""
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://{HOST}:{self._server.server_address[1]}"
 
     def start(self) -> FakeHub:
         """Listen on a free 127.0.0.1 port in a daemon thread."""
@@ -186,14 +189,29 @@ class FakeHub:
             pass
 
         Handler.hub = hub
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer((HOST, 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="fake-hub")
         self._thread.start()
+        if ALT_HOST != "localhost":  # the CDN's origin is another address: it needs a listener of its own
+            self._cdn_server = ThreadingHTTPServer((ALT_HOST, 0), Handler)
+            self._cdn_server.daemon_threads = True
+            threading.Thread(target=self._cdn_server.serve_forever, daemon=True, name="fake-hub-cdn").start()
         return self
+
+    @property
+    def cdn_origin(self) -> str:
+        """``http://localhost:<port>``: another origin than :attr:`endpoint` that serves the LFS bytes."""
+        server = self._cdn_server or self._server
+        assert server is not None
+        return f"http://{ALT_HOST}:{server.server_address[1]}"
 
     def stop(self) -> None:
         """Stop serving and close the socket."""
+        if self._cdn_server is not None:
+            self._cdn_server.shutdown()
+            self._cdn_server.server_close()
+            self._cdn_server = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -371,8 +389,7 @@ class _Handler(BaseHTTPRequestHandler):
         if lfs and self.hub.lfs_cdn and self.command == "GET":
             with self.hub._lock:
                 self.hub._cdn[etag] = data
-            port = self.server.server_address[1]
-            self._send(302, b"", {**headers, "Location": f"http://localhost:{port}/cdn-lfs/{etag}?X-Sig=secret-sig"})
+            self._send(302, b"", {**headers, "Location": f"{self.hub.cdn_origin}/cdn-lfs/{etag}?X-Sig=secret-sig"})
             return
         self._serve(data, headers, fault)
 

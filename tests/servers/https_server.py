@@ -19,6 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.servers._proc import HOST
+
 TOKEN = "bt-https-token"
 
 
@@ -43,11 +45,12 @@ def make_ca(root: Path) -> tuple[Path, Path, Path]:
           .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)]))
             .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([
+                *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in sorted({"127.0.0.1", HOST})),
+                x509.DNSName("localhost")]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
@@ -73,7 +76,7 @@ class HttpsFiles:
 
     def url(self, path: str) -> str:
         """``https://127.0.0.1:<port>/<path>``."""
-        return f"https://127.0.0.1:{self.port}/{path.lstrip('/')}"
+        return f"https://{HOST}:{self.port}/{path.lstrip('/')}"
 
     def put(self, path: str, data: bytes) -> None:
         """Serve ``data`` at ``/path`` (replacing what was there: a new ETag)."""
@@ -144,7 +147,7 @@ def start_https(root: Path) -> HttpsFiles:
     """Generate the CA and start the server on a free loopback port (a daemon thread)."""
     ca, cert, key = make_ca(root)
     files: dict[str, bytes] = {}
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(files))
+    server = http.server.ThreadingHTTPServer((HOST, 0), _handler(files))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers._proc import free_port
+from tests.servers._proc import HOST, free_port
 from tests.servers.oci_images import base_layout, derive, oci_image
 
 __all__ = ["OciRegistries", "oci_registries"]
@@ -83,8 +83,9 @@ def oci_registries() -> Iterator[OciRegistries]:
     root = Path(tempfile.mkdtemp(prefix="slurm-bt-registries-", dir="/var/tmp"))
     os.chmod(root, 0o755)
     tls = root / "tls"
-    pub = oci_image.Registry(root / "public", free_port(), ca_dir=tls)
-    priv = oci_image.Registry(root / "private", free_port(), users={PRIVATE_USER: PRIVATE_PASSWORD}, ca_dir=tls)
+    pub = oci_image.Registry(root / "public", free_port(), ca_dir=tls, addr=HOST)
+    priv = oci_image.Registry(root / "private", free_port(), users={PRIVATE_USER: PRIVATE_PASSWORD}, ca_dir=tls,
+                              addr=HOST)
     try:
         pub.start()
         priv.start()

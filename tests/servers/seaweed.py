@@ -91,7 +91,7 @@ def start_seaweed(root: Path) -> SeaweedS3:
         "master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc",
         "admin", "admin_grpc", "debug")}
     argv = [
-        binary, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        binary, "mini", f"-dir={root / 'data'}", f"-ip={_proc.HOST}", f"-ip.bind={_proc.HOST}",
         f"-s3.config={root / 's3.json'}", "-admin.ui=false", "-webdav=false", "-master.telemetry=false",
         f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
         f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
@@ -108,4 +108,4 @@ def start_seaweed(root: Path) -> SeaweedS3:
     except BaseException:
         _proc.stop(proc)
         raise
-    return SeaweedS3(f"http://127.0.0.1:{p['s3']}", proc, root)
+    return SeaweedS3(f"http://{_proc.HOST}:{p['s3']}", proc, root)

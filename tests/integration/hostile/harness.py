@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.integration.cluster_nodes import node_root
+
 __all__ = ["BIN", "Tally", "aftermath", "as_user", "attack", "cluster", "forget_squats", "job_processes", "node_states",
            "submit", "tally", "wait", "write_job"]
 
@@ -173,7 +175,8 @@ def _job_paths(job_id: str, uid: int) -> list[Path]:
     node_local = Path(info["node_local_dir"])
     paths = [node_local / n / "scratch" / job_id for n in info["nodes"]]
     paths += [RUN_NOTES / n / "jobs" / job_id for n in info["nodes"]]
-    paths.append(RUNTIME_ROOT / f"slurm-bt-{uid}" / job_id)
+    # the runtime root (/dev/shm) is each node's own where nodes are isolated: seen through node_root
+    paths += {node_root(n) / RUNTIME_ROOT.relative_to("/") / f"slurm-bt-{uid}" / job_id for n in info["nodes"]}
     return paths
 
 

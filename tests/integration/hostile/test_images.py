@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.cluster_nodes import node_pid
 from tests.integration.hostile.harness import admin_path, aftermath, attack, submit, wait, write_job
 from tests.integration.hostile.weights_jobs import readable_site
 from tests.servers.oci_registry import OciRegistries
@@ -88,7 +89,9 @@ def _staging_pid(job_dir_marker: str, timeout_s: float = 60) -> int:
                 continue
             if b"slurm_bt.steps.stage_weights" in argv and any(job_dir_marker.encode() in a for a in argv):
                 # wait until it is inside the mirror: a writer dir of this pid exists in the tier
-                if any(p.name.startswith(f"writer.{entry.name}_") for p in (TEAM / ".tmp").glob("writer.*")):
+                # (named with the stager's PID on its node: cluster_nodes.node_pid)
+                prefix = f"writer.{node_pid(int(entry.name))}_"
+                if any(p.name.startswith(prefix) for p in (TEAM / ".tmp").glob("writer.*")):
                     return int(entry.name)
         time.sleep(0.05)
     raise AssertionError("the staging job never started mirroring")
@@ -102,11 +105,12 @@ def test_kill_9_mid_mirror_leaves_nothing_and_the_rerun_completes(site: Path, oc
         cfg = _job(f"hkill-{tag}:v1")
         job_id = submit("btu1", cfg)
         pid = _staging_pid(_submit_id(job_id))
+        inner = node_pid(pid)
         os.kill(pid, signal.SIGKILL)
         record, logs = wait("btu1", job_id)
         assert record["current_status"] == "TRAINING_JOB_DEPLOY_FAILED", (record, logs)
         assert not _published(digest)
-        debris = list((TEAM / ".tmp").glob(f"writer.{pid}_*"))
+        debris = list((TEAM / ".tmp").glob(f"writer.{inner}_*"))
         assert debris, "the killed stager left no writer dir: it was not killed mid-mirror"
         aftermath(job_id, "btu1")
         # the rerun mirrors it, and its collector removes the dead writer's directory

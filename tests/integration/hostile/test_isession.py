@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.cluster_nodes import job_nodes, node_root
 from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, submit, wait, write_job
 from tests.integration.hostile.weights_jobs import readable_site
 from tests.integration.test_ssh import ALIAS, USER, Sshd, _client_home
@@ -145,7 +146,8 @@ def test_pty_session_in_a_running_two_node_job(tenants: dict[str, object]) -> No
         b'tok=${MY_TOKEN:-none} tty=$(tty) job=$BT_TRAINING_JOB_ID size=$(stty size)"',
         b"exit 7",
     ])
-    assert re.search(rf"MARK rank=1 node=n2 size=2 var=visible tok=none tty=/dev/pts/\d+ job={job_id} "
+    nodes = job_nodes(job_id)
+    assert re.search(rf"MARK rank=1 node={nodes[1]} size=2 var=visible tok=none tty=/dev/pts/\d+ job={job_id} "
                      r"size=33 111", out), out  # a terminal on the node, of the caller's size
     assert code == 7, out  # the shell's exit status is the command's
 
@@ -157,7 +159,7 @@ def test_pty_session_in_a_running_two_node_job(tenants: dict[str, object]) -> No
 
     with attack("isession: the saved session environment holds a secret value"):
         uid = int(as_user("btu1", ["id", "-u"]).stdout)
-        saved = Path(f"/dev/shm/slurm-bt-{uid}/{job_id}/node-0.session")
+        saved = node_root(nodes[0]) / f"dev/shm/slurm-bt-{uid}/{job_id}/node-0.session"  # the leader's /dev/shm
         assert saved.exists() and (saved.stat().st_mode & 0o077) == 0, saved
         data = saved.read_bytes()
         assert b"BT_NODE_RANK=0\0" in data and SECRET_VALUE.encode() not in data and b"MY_TOKEN=" not in data
@@ -166,9 +168,9 @@ def test_pty_session_in_a_running_two_node_job(tenants: dict[str, object]) -> No
     # directory, so touching the flag there ends rank 0's wait and the job completes.
     from slurm_bt.cli.isession_cmd import isession_command  # noqa: F401  (the click command exists)
 
-    done = as_user("btu1", [str(BIN / "slurm-bt"), "ssh", job_id, "--node", "n1",
+    done = as_user("btu1", [str(BIN / "slurm-bt"), "ssh", job_id, "--node", nodes[0],
                             "--command", 'touch session.flag && echo "leader=$BT_NODE_RANK on $SLURMD_NODENAME"'])
-    assert done.returncode == 0 and "leader=0 on n1" in done.stdout, done
+    assert done.returncode == 0 and f"leader=0 on {nodes[0]}" in done.stdout, done
     record, _ = wait("btu1", job_id, timeout_s=120)
     assert record["current_status"] == "TRAINING_JOB_COMPLETED", record
     aftermath(job_id, "btu1")

@@ -30,6 +30,7 @@ import pytest
 
 from slurm_bt.weights.cache_layout import CacheLayout
 from slurm_bt.weights.node_stager import read_progress
+from tests.integration.cluster_nodes import host_pid
 from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, wait, write_job
 from tests.integration.hostile.weights_jobs import PROBE, readable_site, weights_job
 from tests.servers.hf_hub import FakeHub
@@ -207,7 +208,9 @@ def test_kill_9_of_the_stager_resumes_on_the_next_job(slow_stagers: None, fake_h
         end = time.monotonic() + 60
         while kept() < 20 * MiB and time.monotonic() < end:  # two 10 MiB parts verified and published
             time.sleep(0.2)
-        pid = (read_progress(root, key) or {})["pid"]
+        # the stager records its PID on its node: the host's is another on isolated nodes (cluster_nodes)
+        pid = host_pid(NODE, (read_progress(root, key) or {})["pid"])
+        assert pid is not None, "the stager is not running"
         os.kill(pid, signal.SIGKILL)
         r1, logs1 = wait("btu2", job, timeout_s=180)
         assert r1["current_status"] == "TRAINING_JOB_FAILED", (r1, logs1)
