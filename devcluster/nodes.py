@@ -167,6 +167,13 @@ def _mount(*args: str) -> None:
 def _init(node: str, local_src: str, local_dst: str, hosts: str) -> int:
     # The node-local disk first: the tmpfs on /tmp below would hide a source under /tmp.
     _mount("--bind", local_src, local_dst)
+    # The other nodes' disks are not there: the parent of node/<n> becomes an empty read-only tmpfs holding
+    # only this node's own disk, also at its old path (a site storage root with %n still finds it).
+    parent = str(Path(local_src).parent)
+    _mount("-t", "tmpfs", "-o", "mode=0755,nosuid,nodev,size=1m", f"disks-{node}", parent)
+    Path(local_src).mkdir()
+    _mount("--bind", local_dst, local_src)
+    _mount("-o", "remount,ro,bind", parent)
     _mount("--bind", hosts, "/etc/hosts")
     _mount("-t", "proc", "proc", "/proc")
     _mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev,size=2g", f"tmp-{node}", "/tmp")

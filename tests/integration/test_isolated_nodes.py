@@ -2,10 +2,11 @@
 
 ``devcluster.py up --isolated`` runs each slurmd in a machine of its own (devcluster/nodes.py): its own
 network namespace and address on a bridge, hostname, PID namespace, ``/tmp``, ``/dev/shm`` and node-local
-disk at one path. These tests run plain Slurm jobs (no slurm-bt) and check, from inside the nodes, what a
-real cluster guarantees: distinct names and addresses, private temporary storage, processes invisible
-across nodes, and ranks reaching each other over the network and not over a shared loopback. The module
-switches the cluster to the isolated layout when it is not in it, and back at the end.
+disk at one path (and at ``node/<n>``, with no other node's disk beside it). These tests run plain Slurm
+jobs (no slurm-bt) and check, from inside the nodes, what a real cluster guarantees: distinct names and
+addresses, private temporary storage and disks, processes invisible across nodes, and ranks reaching each
+other over the network and not over a shared loopback. The module switches the cluster to the isolated
+layout when it is not in it, and back at the end.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _sbatch(out: Path, nodes: list[str], body: str) -> None:
 PROBE = """
 import json, os, socket, subprocess, sys, time
 from pathlib import Path
-out, tag, local = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+out, tag, local, disks = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
 host = socket.gethostname()
 dirs = {"tmp": Path("/tmp"), "shm": Path("/dev/shm"), "local": local}
 for d in dirs.values():
@@ -87,7 +88,8 @@ for k in ("tmp", "shm"):
     (dirs[k] / f"{tag}-{host}").unlink()
 addrs = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
 (out / f"{host}.json").write_text(json.dumps({
-    "host": host, "nodename": os.environ["SLURMD_NODENAME"], "seen": seen,
+    "host": host, "nodename": os.environ["SLURMD_NODENAME"], "seen": seen, "disks": sorted(os.listdir(disks)),
+    "own_disk_too": sorted(n for n in os.listdir(disks / host) if n.startswith(tag)),
     "addrs": sorted(line.split()[3].split("/")[0] for line in addrs.splitlines()),
     "pid1": Path("/proc/1/cmdline").read_bytes().decode().split("\\0")}))
 """
@@ -100,13 +102,15 @@ def test_every_node_has_its_own_name_address_tmp_shm_and_local_disk(isolated: di
     tag = f"bt-iso-{uuid.uuid4().hex[:12]}"
     (shared_out / "probe.py").write_text(PROBE)
     local = isolated["node_local_mount"]
-    _sbatch(shared_out, nodes, f"srun /usr/bin/python3 {shared_out}/probe.py {shared_out} {tag} {local}\n")
+    disks = isolated["node_local_dir"]  # node/<n> on the host; on a node only its own is there
+    _sbatch(shared_out, nodes, f"srun /usr/bin/python3 {shared_out}/probe.py {shared_out} {tag} {local} {disks}\n")
     results = {n: json.loads((shared_out / f"{n}.json").read_text()) for n in nodes}
     addresses = set()
     for node, r in results.items():
         assert r["host"] == node and r["nodename"] == node
         own = f"{tag}-{node}"
         assert r["seen"] == {"tmp": [own], "shm": [own], "local": [own]}, r["seen"]
+        assert r["disks"] == [node] and r["own_disk_too"] == [own], r  # no other node's disk, its own at node/<n>
         assert r["addrs"] == ["127.0.0.1", isolated["nodes"][node]], r["addrs"]
         addresses.add(isolated["nodes"][node])
         assert "_init" in r["pid1"] and node in r["pid1"]  # PID 1 is the node's own init, not the host's
