@@ -46,7 +46,7 @@ CLUSTER = "btdev"
 # The nodes, name -> (address, slurmd port): set_layout() fills it for the remembered layout (<state>/layout):
 #   host      n1, n2 on this host's network, 127.0.0.1 ports 6821/6822 (every slurmd shares this host's view);
 #   isolated  n1..nN, each slurmd in a machine of its own (devcluster/nodes.py): 198.51.100.1x, port 6818.
-NODES: dict[str, tuple[str, int]] = {"n1": ("127.0.0.1", 6821), "n2": ("127.0.0.1", 6822)}
+NODES: dict[str, tuple[str, int]] = {}
 LAYOUTS = ("host", "isolated")
 LAYOUT = "host"
 DEFAULT_ISOLATED_NODES = 4
@@ -240,9 +240,9 @@ def _host_slurmd(n: str) -> Daemon:
     return Daemon(f"slurmd-{n}", {"slurmd"}, RUN / f"slurmd-{n}.pid", SLURM_LOG_DIR / f"slurmd-{n}.log", ("-N", n))
 
 
-SLURMDS: dict[str, Daemon] = {n: _host_slurmd(n) for n in NODES}
+SLURMDS: dict[str, Daemon] = {}
 MACHINES: dict[str, Machine] = {}
-ALL_DAEMONS: list[Daemon] = [MUNGED, MYSQLD_SAFE, MYSQLD, SLURMDBD, SLURMCTLD, *SLURMDS.values()]
+ALL_DAEMONS: list[Daemon] = []
 LAYOUT_FILE = STATE / "layout"
 NODE_LOCAL_MOUNT = STATE / "local"
 HOSTS_FILE = STATE / "hosts"
@@ -264,6 +264,9 @@ def set_layout(layout: str, count: int) -> None:
         MACHINES = {}
         SLURMDS = {n: _host_slurmd(n) for n in NODES}
     ALL_DAEMONS = [MUNGED, MYSQLD_SAFE, MYSQLD, SLURMDBD, SLURMCTLD, *MACHINES.values(), *SLURMDS.values()]
+
+
+set_layout("host", 2)  # main() switches to the remembered layout
 
 
 def remembered_layout() -> tuple[str, int]:
@@ -856,13 +859,12 @@ def ensure_slurmctld(restart: bool) -> None:
 
 
 def ensure_machines() -> None:
-    """Isolated layout: the bridge, each node's network and its machine (idempotent; a running machine and
-    its jobs are left alone)."""
+    """Isolated layout: each node's network and its machine (idempotent; a running machine and its jobs are
+    left alone). The bridge is up already: cmd_up makes it before slurmctld."""
     nodes = _nodes_mod()
     try:
         if nodes.ensure_shared_root():
             step("nodes: / is now a shared mount, so the shared storage mounted later reaches the machines")
-        nodes.ensure_bridge()
         for name, (addr, _port) in sorted(NODES.items()):
             nodes.ensure_node_net(name, addr)
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.integration.cluster_nodes import node_root
+from tests.integration.cluster_nodes import cluster_info, node_root
 
 __all__ = ["BIN", "Tally", "aftermath", "as_user", "attack", "cluster", "forget_squats", "job_processes", "node_states",
            "submit", "tally", "wait", "write_job"]
@@ -70,11 +70,7 @@ def cancel_on_error(job_id: str) -> Iterator[None]:
         raise
 
 
-def cluster() -> dict[str, Any]:
-    """The dev cluster's facts (``devcluster.py`` writes them)."""
-    info = json.loads((STATE / "cluster.json").read_text())
-    assert isinstance(info, dict)
-    return info
+cluster = cluster_info  # the dev cluster's facts (cluster.json, which devcluster.py writes)
 
 
 def admin_path(path: str | Path) -> Path:
