@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""slurm-bt dev cluster: a real Slurm cluster (2 nodes, 4 placeholder H100s each) on one host.
+"""slurm-bt dev cluster: a real Slurm cluster (4 isolated nodes, 4 placeholder H100s each) on one host.
 
 Works with Debian's Slurm 22.05 (Debian 12), 24.11 (Debian 13) and 26.05 (sid): `up` probes the
 installed release (`slurmctld -V`) and writes what that release needs (see devcluster/README.md).
@@ -9,9 +9,10 @@ installed release (`slurmctld -V`) and writes what that release needs (see devcl
                            the same, with <state>/shared on this disk (the default) or on a GlusterFS
                            volume with root squash on, as real sites export shared storage (remembered)
     devcluster.py up --isolated [--nodes N] | --host-nodes
-                           the same, with each slurmd in an isolated machine of its own (N nodes, default 4:
-                           own network, hostname, processes, /tmp, /dev/shm, local disk; devcluster/nodes.py)
-                           or the two slurmds on this host's network (remembered; combines with --shared)
+                           the same, with each slurmd in an isolated machine of its own (the default; N nodes,
+                           default 4: own network, hostname, processes, /tmp, /dev/shm, local disk;
+                           devcluster/nodes.py) or two slurmds on this host's network (remembered; combines
+                           with --shared)
     devcluster.py down     stop exactly the daemons whose PID files we own (SIGTERM, then SIGKILL)
     devcluster.py status   print each daemon with PID and alive/dead; exit 0 if all are up
     devcluster.py image build NAME [--pip PKG]... [--from DIR]
@@ -270,14 +271,14 @@ set_layout("host", 2)  # main() switches to the remembered layout
 
 
 def remembered_layout() -> tuple[str, int]:
-    """(layout, node count) from <state>/layout ("isolated 4"), else the host layout."""
+    """(layout, node count) from <state>/layout ("isolated 4"), else isolated nodes (the default)."""
     try:
         words = LAYOUT_FILE.read_text().split()
         if len(words) == 2 and words[0] in LAYOUTS and words[1].isdigit() and 1 <= int(words[1]) <= 8:
             return words[0], int(words[1])
     except OSError:
         pass
-    return "host", 2
+    return "isolated", DEFAULT_ISOLATED_NODES
 
 
 # --------------------------------------------------------------------------------------------- helpers

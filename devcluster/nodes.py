@@ -7,8 +7,9 @@ A machine is a set of namespaces held open by a small init process:
   host's own network may use TEST-NET-1, so the dev cluster does not) and its own loopback. The head
   (this host: slurmctld, slurmdbd, the registries, the test's object servers) is 198.51.100.1 on the bridge.
 - mount: a slave copy of the host's mounts (the shared storage mounted later on the host, such as the
-  GlusterFS volume, propagates in), with the node's own ``/tmp`` and ``/dev/shm`` (tmpfs), its own
-  node-local disk bound at one path that is the same on every node, its own ``/proc`` and ``/etc/hosts``.
+  GlusterFS volume, propagates in), with the node's own ``/tmp``, ``/dev/shm`` and ``/run/slurm-bt``
+  (tmpfs), its own node-local disk bound at one path that is the same on every node, its own ``/proc``
+  and ``/etc/hosts``.
 - UTS (the node's hostname), IPC and PID: processes of one node cannot see or signal another's.
 
 The init is PID 1 of its namespace: it reaps orphans (daemonised slurmd and slurmstepd end up its
@@ -35,6 +36,7 @@ HEAD_ADDR = f"{NET}.1"
 HEAD_ALT_ADDR = f"{NET}.2"
 BRIDGE = "btdev0"
 NETNS_DIR = Path("/run/netns")
+RUN_NOTES = "/run/slurm-bt"
 HERE = Path(__file__).resolve()
 
 
@@ -178,6 +180,10 @@ def _init(node: str, local_src: str, local_dst: str, hosts: str) -> int:
     _mount("-t", "proc", "proc", "/proc")
     _mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev,size=2g", f"tmp-{node}", "/tmp")
     _mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev,size=2g", f"shm-{node}", "/dev/shm")
+    # The hooks' per-node notes (slurm_bt/posix/job_notes.py) live in /run, a tmpfs of each real machine:
+    # shared, one node's epilog would count another node's jobs as "another job of this user on this host".
+    Path(RUN_NOTES).mkdir(mode=0o755, exist_ok=True)
+    _mount("-t", "tmpfs", "-o", "mode=0755,nosuid,nodev,size=64m", f"run-{node}", RUN_NOTES)
     socket.sethostname(node)
 
     def stop(_sig: int, _frame: object) -> None:

@@ -298,8 +298,10 @@ def test(suite: str, pytest_args: list[str], allow_known_gaps: bool = False,
     script = f"""set -u
 # No torch image in a release root: its python has no CPU wheel here, and these tests run no example.
 # Exported: tests bring the cluster back up with devcluster.py up themselves (test_lifecycle.py).
+# The release roots run the host layout (remembered for those tests): their suites check the release,
+# and the native phase runs the isolated nodes.
 export BT_DEVCLUSTER_TORCH_IMAGE=0
-/usr/bin/python3 {dc} up || exit 90
+/usr/bin/python3 {dc} up --host-nodes || exit 90
 stale=$(squeue -h -o %A)
 if [ -n "$stale" ]; then
   echo "releases: cancelling jobs left by an earlier run: $(echo $stale)"

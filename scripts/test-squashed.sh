@@ -7,7 +7,6 @@
 # installs everything); arguments replace the default test selection.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${SLURM_BT_VENV:-/opt/slurm-bt/venv}"
 cd "$repo"
 tests=("$@")
 if [ "${#tests[@]}" -eq 0 ]; then
@@ -23,4 +22,4 @@ fi
 back() { /usr/bin/python3 devcluster/devcluster.py up --shared local >/dev/null || echo "test-squashed: could not go back to --shared local" >&2; }
 trap back EXIT
 /usr/bin/python3 devcluster/devcluster.py up --shared gluster || exit 1
-"$venv/bin/python" -m pytest -q -p no:cacheprovider -rfE "${tests[@]}"
+bash "$repo/scripts/integration.sh" "${tests[@]}"

@@ -3,7 +3,8 @@
 #   scripts/test.sh           the whole suite: installs what it needs (idempotent), brings up the dev cluster,
 #                             runs ruff, mypy, the import-layering contract (lint-imports), then pytest: the
 #                             tests that need no cluster (tests/unit, tests/golden) spread over worker
-#                             processes, then the integration tests on the real local Slurm.
+#                             processes, then the integration tests on the real local Slurm (in parallel,
+#                             then those that need the whole cluster).
 #   scripts/test.sh --fast    the fast tier: the same checks and every test that needs no cluster, with no
 #                             install step when the venv exists (it runs scripts/install.sh once when not).
 # Arguments after the optional --fast pick tests as on pytest's command line (paths, node ids, -k, -x) and
@@ -37,5 +38,5 @@ fi
 echo "test: pytest, no cluster (tests/unit tests/golden, 4 workers)"
 "${pytest[@]}" -n 4 tests/unit tests/golden
 [ "$fast" = 1 ] && exit 0
-echo "test: pytest, on the dev cluster (tests/integration)"
-"${pytest[@]}" tests/integration
+echo "test: pytest, on the dev cluster (tests/integration: in parallel, then the whole_cluster tests)"
+exec bash "$repo/scripts/integration.sh" tests/integration

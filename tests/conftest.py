@@ -26,7 +26,7 @@ STATE = Path(os.environ.get("BT_DEVCLUSTER_DIR", "/var/lib/slurm-bt-dev"))
 
 def _isolated_cluster() -> bool:
     try:
-        return json.loads((STATE / "cluster.json").read_text()).get("layout") == "isolated"
+        return bool(json.loads((STATE / "cluster.json").read_text()).get("layout") == "isolated")
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -50,6 +50,58 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     base = config.stash.get(_BASETEMP, None)
     if base is not None:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _expected_minutes(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("long_jobs")
+    return 0.0 if marker is None else float(marker.args[0]) if marker.args else 1.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked long_jobs(minutes) first, longest first (a stable sort: each module keeps its order).
+    pytest-xdist hands modules to its workers in this order (scripts/integration.sh), so the runs that
+    take minutes start at once and the short ones fill the other workers meanwhile, instead of one
+    worker starting a 4-minute module when the others are done."""
+    items.sort(key=lambda item: -_expected_minutes(item))
+
+
+# The hostile suite's tally (tests/integration/hostile/harness.py): each xdist worker hands its own to
+# the controller (workeroutput), which prints the sum; a run without workers prints its own.
+_TALLY = "hostile_tally"
+_worker_tallies: list[dict[str, list[str]]] = []
+
+
+def _own_tally() -> dict[str, list[str]]:
+    harness = sys.modules.get("tests.integration.hostile.harness")
+    t = getattr(harness, "tally", None)
+    if t is None:
+        return {}
+    return {"attacks": list(t.attacks), "contained": list(t.contained), "breached": list(t.breached)}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out[_TALLY] = _own_tally()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    got = getattr(node, "workeroutput", {}).get(_TALLY)
+    if got:
+        _worker_tallies.append(got)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    total: dict[str, list[str]] = {"attacks": [], "contained": [], "breached": []}
+    for part in [_own_tally(), *_worker_tallies]:
+        for key, names in part.items():
+            total[key] += names
+    if total["attacks"]:
+        breached = total["breached"]
+        terminalreporter.write_line(
+            f"hostile suite: {len(total['attacks'])} attacks, {len(total['contained'])} contained, "
+            f"{len(breached)} breached" + (f" ({', '.join(breached)})" if breached else ""))
 
 
 @pytest.fixture(scope="session", autouse=True)

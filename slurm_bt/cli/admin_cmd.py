@@ -214,7 +214,9 @@ def _local_nodes() -> list[str]:
         return [host]
     names = [n["NodeName"] for n in nodes
              if n.get("NodeName") and n.get("NodeHostName", "").split(".")[0] == host]
-    return names or [host]
+    # A login or head host runs no slurmd: it has no node-local disks to check, and its own name
+    # expanded into the %n roots would report a "missing scratch root" that no node has.
+    return names if nodes else [host]
 
 
 def _check_root_dir(name: str, path: str, *, allow_sticky: bool = False) -> Check:
@@ -914,7 +916,12 @@ def install_command(prefix: str, python: str, config: str | None, site: str | No
 def doctor_command(config: Path | None, site_path: Path | None, nodes: tuple[str, ...]) -> None:
     """Check this node's hook setup; print each problem with its fix (exit 1 on any failure)."""
     with handle_errors("slurm-bt admin"):
-        checks = doctor_checks(list(nodes) or _local_nodes(), config, site_path)
+        local = list(nodes) or _local_nodes()
+        checks = doctor_checks(local, config, site_path)
+        if not local:
+            click.echo(f"info  compute node checks: {socket.gethostname()} runs no node of this cluster; run "
+                       "`slurm-bt admin doctor` on each node (or name one with --node where its disks are "
+                       "visible here)")
         failed = False
         for c in checks:
             if c.info:

@@ -37,6 +37,12 @@ def registry_host() -> str:
     return f"{head_addr()}:5443"
 
 
+def mirror_toml() -> str:
+    """The ``[containers]`` table of a test's own site file that pulls ``docker.io`` names from the dev
+    registry at the address the nodes reach (the product default is the host layout's 127.0.0.1)."""
+    return f'[containers]\nregistry_mirrors = {{"docker.io" = "{registry_host()}"}}\n'
+
+
 def _machine_init(node: str) -> int | None:
     try:
         return int((STATE / "run" / f"machine-{node}.pid").read_text().split()[0])
@@ -49,6 +55,25 @@ def node_root(node: str) -> Path:
     through ``/proc/<its init>/root`` in the isolated layout; this host's ``/`` in the host layout."""
     init = _machine_init(node) if isolated() else None
     return Path(f"/proc/{init}/root") if init is not None else Path("/")
+
+
+def notes_dir(node: str) -> Path:
+    """The hooks' notes of ``node`` (``/run/slurm-bt/<node>``, slurm_bt/posix/job_notes.py) seen from the
+    host: each machine's own ``/run/slurm-bt`` where nodes are isolated."""
+    return node_root(node) / "run" / "slurm-bt" / node
+
+
+def on_node(node: str) -> list[str]:
+    """The argv prefix that runs a command on ``node`` as a process of that machine (its namespaces, so
+    its hostname, disks and slurmd), as an admin would over ssh; empty in the host layout, where every
+    node is this host."""
+    init = _machine_init(node) if isolated() else None
+    return ["nsenter", "-t", str(init), "--all", "--"] if init is not None else []
+
+
+def nodes() -> list[str]:
+    """Every node of the dev cluster, n1 first."""
+    return [str(n) for n in cluster_info().get("nodes", [])] or ["n1", "n2"]
 
 
 def _machine_pid_ns(node: str) -> str | None:
@@ -85,6 +110,17 @@ def host_pid(node: str, pid: int) -> int | None:
             except OSError:
                 continue
     return None
+
+
+def on_a_node(pid: str) -> bool:
+    """Is host process ``pid`` one of a node's (a job's, a hook's), not of this host (a login session, a
+    test, another test's ``runuser bt-sbatch``)? Every process is a node's in the host layout."""
+    if not isolated():
+        return True
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
 
 
 def node_pid(pid: int) -> int:

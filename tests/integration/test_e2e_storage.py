@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.cluster_nodes import isolated, nodes, on_node
 from tests.unit.test_hooks_env import ensure_test_users
 
 pytestmark = pytest.mark.slurm
@@ -69,11 +70,19 @@ def _run(config: Path) -> tuple[str, str]:
     return job_id, logs
 
 
+@pytest.mark.whole_cluster  # reads every node's hook state, which other tests' jobs change
 def test_doctor_is_clean(dev_cluster: dict[str, object]) -> None:
-    proc = subprocess.run([str(BIN / "slurm-bt"), "admin", "doctor"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    problems = [ln for ln in proc.stdout.splitlines() if ln.startswith(("WARN", "FAIL", "ERROR"))]
-    assert problems == [], proc.stdout
+    # On this host (every node, in the host layout; the login host's checks alone where nodes are
+    # machines of their own), then on the first and last node as an admin there would run it.
+    where = [[], *([on_node(n) for n in dict.fromkeys((nodes()[0], nodes()[-1]))] if isolated() else [])]
+    for prefix in where:
+        proc = subprocess.run([*prefix, str(BIN / "slurm-bt"), "admin", "doctor"], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, f"{prefix}: {proc.stdout}{proc.stderr}"
+        problems = [ln for ln in proc.stdout.splitlines() if ln.startswith(("WARN", "FAIL", "ERROR"))]
+        assert problems == [], proc.stdout
+        node_checked = any(ln.startswith("ok    scratch root on ") for ln in proc.stdout.splitlines())
+        assert node_checked == (bool(prefix) or not isolated()), proc.stdout
 
 
 def test_two_node_job_with_caches_checkpoints_and_a_loaded_checkpoint(dev_cluster: dict[str, object]) -> None:

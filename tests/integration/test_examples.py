@@ -26,7 +26,9 @@ import tomllib
 
 from tests.integration.cluster_nodes import registry_host
 
-pytestmark = pytest.mark.slurm
+# long_jobs(minutes): its jobs run for minutes by design; the parallel pass starts the longest first
+# (tests/conftest.py).
+pytestmark = [pytest.mark.slurm, pytest.mark.long_jobs(3)]
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]

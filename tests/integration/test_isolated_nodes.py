@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slurm
+# whole_cluster: runs alone, after the parallel tests (scripts/test.sh; README, Development).
+pytestmark = [pytest.mark.slurm, pytest.mark.whole_cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 DEVCLUSTER = REPO / "devcluster" / "devcluster.py"

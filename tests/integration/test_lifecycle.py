@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slurm
+# long_jobs(minutes): its jobs run for minutes by design; the parallel pass starts the longest first
+# (tests/conftest.py).
+pytestmark = [pytest.mark.slurm, pytest.mark.long_jobs(2)]
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
@@ -164,6 +166,7 @@ def slurmdbd_restored(dev_cluster: dict[str, object]) -> Iterator[int]:
         assert up.returncode == 0, up.stdout + up.stderr
 
 
+@pytest.mark.whole_cluster  # stops slurmdbd
 def test_status_with_slurmdbd_stopped_names_it_and_shows_live_jobs(
     dev_cluster: dict[str, object], tmp_path: Path, slurmdbd_restored: int
 ) -> None:

@@ -20,7 +20,8 @@ import pytest
 from tests.servers.gluster import SquashedVolume, squashed_volume
 from tests.unit.test_layout_owner import SVC, ensure_service_account
 
-pytestmark = pytest.mark.slurm
+# whole_cluster: runs alone, after the parallel tests (scripts/test.sh; README, Development).
+pytestmark = [pytest.mark.slurm, pytest.mark.whole_cluster]
 
 BIN = Path(sys.executable).parent
 LAYOUT = {"cache": 0o755, "weights": 0o755, "checkpoints": 0o1777}

@@ -26,7 +26,8 @@ import pytest
 from slurm_bt.slurm.release import parse_release
 from tests.servers.hf_hub import FakeHub
 
-pytestmark = pytest.mark.slurm
+# whole_cluster: runs alone, after the parallel tests (scripts/test.sh; README, Development).
+pytestmark = [pytest.mark.slurm, pytest.mark.whole_cluster]
 
 BIN = Path(sys.executable).parent
 

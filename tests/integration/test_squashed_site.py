@@ -33,7 +33,8 @@ from tests.integration.hostile.harness import aftermath, as_user, submit, wait, 
 from tests.servers.hf_hub import FakeHub
 from tests.unit.test_hooks_env import ensure_test_users
 
-pytestmark = pytest.mark.slurm
+# whole_cluster: runs alone, after the parallel tests (scripts/test.sh; README, Development).
+pytestmark = [pytest.mark.slurm, pytest.mark.whole_cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -44,7 +44,8 @@ from tests.integration.hostile.weights_jobs import PROBE, readable_site, weights
 from tests.servers.hf_hub import FakeHub
 from tests.unit.test_hooks_env import ensure_test_users
 
-pytestmark = pytest.mark.slurm
+# whole_cluster: runs alone, after the parallel tests (scripts/test.sh; README, Development).
+pytestmark = [pytest.mark.slurm, pytest.mark.whole_cluster]
 
 MiB = 1 << 20
 HOOKS = Path("/etc/slurm-bt/hooks.toml")

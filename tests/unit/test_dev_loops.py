@@ -48,3 +48,31 @@ def test_ruff_hook_refuses_a_lint_error_and_passes_clean_code(tmp_path: Path) ->
     assert bad.returncode == 1 and "F401" in bad.stdout, bad.stdout + bad.stderr
     good = _pre_commit(repo, tmp_path, "run", "ruff", "--files", "slurm_bt/good.py")
     assert good.returncode == 0, good.stdout + good.stderr
+
+
+def _integration(tests: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "SLURM_BT_VENV": sys.prefix, "HOME": str(tests)}
+    return subprocess.run(["bash", str(REPO / "scripts" / "integration.sh"), str(tests)], env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_integration_passes_run_the_unmarked_in_parallel_then_whole_cluster_alone(tmp_path: Path) -> None:
+    """scripts/integration.sh: two passes that split the tests by the whole_cluster marker; both run
+    whatever the first returned, and the status is a failing pass's; a pass with nothing to run is fine."""
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_side_by_side.py").write_text(
+        "import os\n\ndef test_a():\n    assert os.environ.get('PYTEST_XDIST_WORKER', '').startswith('gw')\n\n"
+        "def test_b():\n    assert os.environ.get('PYTEST_XDIST_WORKER', '').startswith('gw')\n")
+    (tests / "test_alone.py").write_text(
+        "import os\nimport pytest\n\n@pytest.mark.whole_cluster\n"
+        "def test_alone():\n    assert 'PYTEST_XDIST_WORKER' not in os.environ\n    assert False, 'ALONE-FAILED'\n")
+    proc = _integration(tests)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "2 passed" in out and "1 failed, 2 deselected" in out and "ALONE-FAILED" in out, out
+    assert "whole_cluster pass" in out.splitlines()[-1], out
+
+    (tests / "test_alone.py").unlink()
+    proc = _integration(tests)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

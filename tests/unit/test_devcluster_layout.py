@@ -57,7 +57,8 @@ def test_host_layout_is_the_two_slurmds_on_loopback(tmp_path: Path, monkeypatch:
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("isolated 4\n", ("isolated", 4)), ("isolated 1", ("isolated", 1)), ("host 2\n", ("host", 2)),
-    ("isolated 9\n", ("host", 2)), ("isolated\n", ("host", 2)), ("mesh 4\n", ("host", 2)), (None, ("host", 2)),
+    ("isolated 9\n", ("isolated", 4)), ("isolated\n", ("isolated", 4)), ("mesh 4\n", ("isolated", 4)),
+    (None, ("isolated", 4)),
 ])
 def test_remembered_layout_reads_only_what_up_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       text: str | None, expected: tuple[str, int]) -> None:

@@ -327,6 +327,9 @@ def test_moved_call_sites_reach_the_fake_with_a_scrubbed_env(
     assert conf is not None and conf["Prolog"] == "/usr/libexec/slurm-bt/slurm-bt-prolog"
     assert admin_cmd._local_nodes() == [socket.gethostname().split(".")[0]]
     assert client.timeout_s == 20
+    # A login host runs no node: nothing to check there (not its own name expanded into %n roots).
+    slurm.node_addrs = {"other": "10.0.0.8"}
+    assert admin_cmd._local_nodes() == []
     slurm.fail_next("scontrol", times=2)
     assert admin_cmd._scontrol_config() is None and admin_cmd._local_nodes() == [socket.gethostname().split(".")[0]]
 

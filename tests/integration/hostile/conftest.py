@@ -1,4 +1,5 @@
-"""The hostile-user suite prints one summary line: how many attacks ran, were contained, breached."""
+"""The hostile-user suite's fixtures. Its one summary line (attacks run, contained, breached: harness.tally)
+is printed by tests/conftest.py, which also gathers it from pytest-xdist workers."""
 
 from __future__ import annotations
 
@@ -6,15 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.integration.hostile.harness import tally
 from tests.unit.test_hooks_env import ensure_test_users
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if tally.attacks:
-        terminalreporter.write_line(
-            f"hostile suite: {len(tally.attacks)} attacks, {len(tally.contained)} contained, "
-            f"{len(tally.breached)} breached" + (f" ({', '.join(tally.breached)})" if tally.breached else ""))
 
 
 @pytest.fixture(scope="module")

@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.integration.cluster_nodes import cluster_info, node_root
+from tests.integration.cluster_nodes import cluster_info, node_root, notes_dir, on_a_node, on_node
 
 __all__ = ["BIN", "Tally", "aftermath", "as_user", "attack", "cluster", "forget_squats", "job_processes", "node_states",
            "submit", "tally", "wait", "write_job"]
 
 BIN = Path(sys.executable).parent
 STATE = Path(os.environ.get("BT_DEVCLUSTER_DIR", "/var/lib/slurm-bt-dev"))
-RUN_NOTES = Path("/run/slurm-bt")
 RUNTIME_ROOT = Path("/dev/shm")
 _HEALTHY = {"idle", "mix", "alloc", "comp"}
 
@@ -94,9 +93,11 @@ def admin_path(path: str | Path) -> Path:
 
 
 def as_user(user: str, argv: list[str], *, input: str | None = None, cwd: str | Path | None = None,
-            timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` as ``user`` with a login-like environment (``runuser``), capturing text output."""
-    return subprocess.run(["runuser", "-u", user, "--", *argv], input=input, cwd=cwd, capture_output=True,
+            timeout: float = 240, node: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as ``user`` with a login-like environment (``runuser``), capturing text output; on
+    ``node`` (as a process of that machine, cluster_nodes.on_node) when given, else on this host."""
+    where = on_node(node) if node else []
+    return subprocess.run([*where, "runuser", "-u", user, "--", *argv], input=input, cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, check=False)
 
 
@@ -150,10 +151,11 @@ def _user_jobs_running(user: str) -> bool:
 
 
 def job_processes(uid: int) -> list[str]:
-    """``pid comm`` of every process running as ``uid`` on this host (both dev nodes share it)."""
+    """``pid comm`` of every process running as ``uid`` on the nodes (seen from this host, which sees every
+    node's; where nodes are isolated, this host's own processes are the login side: not a job's)."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or not on_a_node(entry.name):
             continue
         try:
             status = (entry / "status").read_text()
@@ -170,26 +172,42 @@ def _job_paths(job_id: str, uid: int) -> list[Path]:
     info = cluster()
     node_local = Path(info["node_local_dir"])
     paths = [node_local / n / "scratch" / job_id for n in info["nodes"]]
-    paths += [RUN_NOTES / n / "jobs" / job_id for n in info["nodes"]]
+    paths += [notes_dir(n) / "jobs" / job_id for n in info["nodes"]]
     # the runtime root (/dev/shm) is each node's own where nodes are isolated: seen through node_root
     paths += {node_root(n) / RUNTIME_ROOT.relative_to("/") / f"slurm-bt-{uid}" / job_id for n in info["nodes"]}
     return paths
 
 
+def _job_nodes(job_id: str) -> set[str] | None:
+    """Every node any run of ``job_id`` was given (sacct, all runs of a requeued job); None when unknown,
+    and then every node counts."""
+    out = subprocess.run(["sacct", "-n", "-X", "-D", "-P", "-j", job_id, "-o", "NodeList"], capture_output=True,
+                         text=True, timeout=30, check=False).stdout.split()
+    lists = [n for n in out if n and n != "None" and not n.startswith("None")]
+    if not lists:
+        return None
+    names = subprocess.run(["scontrol", "show", "hostnames", ",".join(lists)], capture_output=True, text=True,
+                           timeout=30, check=False).stdout.split()
+    return set(names) or None
+
+
 def aftermath(job_id: str, user: str, *, timeout_s: float = 60) -> None:
     """Assert what must hold after any job of ``user`` ended (waits up to ``timeout_s`` for the epilogs).
 
-    * no node is drained or down;
+    * no node the job ran on is drained or down (the other nodes are other tests' business: tests run
+      side by side, and test_long_runs_nodes.py takes its own node down on purpose);
     * the job's scratch, hook notes and runtime directory are gone on every node;
-    * when ``user`` has no other running job, no process of ``user`` is left on the host.
+    * when ``user`` has no other running job, no process of ``user`` is left on the nodes.
     """
     uid = pwd.getpwnam(user).pw_uid
+    ran_on = _job_nodes(job_id)
     deadline = time.monotonic() + timeout_s
     while True:
         left = [str(p) for p in _job_paths(job_id, uid) if os.path.lexists(p)]
         procs = [] if _user_jobs_running(user) else job_processes(uid)
         states = node_states()
-        bad = {n: s for n, s in states.items() if s.rstrip("*~#!%$@^-") not in _HEALTHY}
+        bad = {n: s for n, s in states.items()
+               if (ran_on is None or n in ran_on) and s.rstrip("*~#!%$@^-") not in _HEALTHY}
         if not (left or procs or bad) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -202,6 +220,6 @@ def forget_squats(path: str | Path) -> None:
     """Drop the prolog's squat records naming ``path`` on every node, as an admin does after dealing
     with the squatter, so ``admin doctor`` is clean for the rest of the suite."""
     for node in cluster()["nodes"]:
-        for rec in (RUN_NOTES / node / "squats").glob("*.json"):
+        for rec in (notes_dir(node) / "squats").glob("*.json"):
             if str(path) in rec.read_text(errors="replace"):
                 rec.unlink()

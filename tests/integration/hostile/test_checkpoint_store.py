@@ -45,7 +45,9 @@ from tests.integration.hostile.harness import (
     write_job,
 )
 
-pytestmark = pytest.mark.slurm
+# long_jobs(minutes): its jobs run for minutes by design; the parallel pass starts the longest first
+# (tests/conftest.py).
+pytestmark = [pytest.mark.slurm, pytest.mark.long_jobs(2)]
 
 STORE = Path("/var/lib/slurm-bt-dev/shared/checkpoints")
 TEAM_DIR = STORE / "_teams" / "btteam1"  # btu1's team namespace (docs/checkpoints.md)

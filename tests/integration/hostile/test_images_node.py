@@ -32,6 +32,7 @@ from slurm_bt.site.settings import SiteSettings, expand_path
 from slurm_bt.weights.cluster_cache import ClusterCache
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import team_slug
+from tests.integration.cluster_nodes import mirror_toml, registry_host
 from tests.integration.hostile.harness import (
     admin_path,
     aftermath,
@@ -62,7 +63,11 @@ WARM_JOB = """
         runtime=definitions.Runtime(start_commands=["echo warm"]),
     ))
 """
-RESOLVED = "127.0.0.1:5443/library/forged"
+
+
+def _resolved() -> str:
+    """The forged image's name as pinned: on the dev registry, where the nodes reach it."""
+    return f"{registry_host()}/library/forged"
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +75,7 @@ def ch_site() -> Iterator[Path]:
     folder = Path(tempfile.mkdtemp(prefix="bt-images-hostile-", dir="/tmp"))
     os.chmod(folder, 0o755)
     path = folder / "site.toml"
-    path.write_text('container_runtime = "charliecloud"\n')
+    path.write_text('container_runtime = "charliecloud"\n' + mirror_toml())
     os.chmod(path, 0o644)
     yield path
     shutil.rmtree(folder, ignore_errors=True)
@@ -104,7 +109,7 @@ def _submit_held(user: str, site: Path) -> Iterator[tuple[str, Path]]:
 def _published_entry(team: str, sqfs: bytes) -> Manifest:
     """An image entry published in ``team``'s cluster tier (as its staging job would), unique per test."""
     digest = "sha256:" + hashlib.sha256(uuid.uuid4().bytes).hexdigest()
-    m = Manifest(kind="oci", source=f"oci://{RESOLVED}@{digest}", revision=digest,
+    m = Manifest(kind="oci", source=f"oci://{_resolved()}@{digest}", revision=digest,
                  files=(ManifestFile(path="image.sqfs", size=len(sqfs), sha256=hashlib.sha256(sqfs).hexdigest()),))
     origin = Path(tempfile.mkdtemp(prefix="bt-img-origin-"))
     try:
@@ -119,7 +124,7 @@ def _published_entry(team: str, sqfs: bytes) -> Manifest:
 
 def _forge(user: str, work: Path, m: Manifest) -> None:
     """As ``user``: pin the job to ``m``'s image and put ``m`` in the job's image/manifest.json."""
-    pin = {"reference": "forged:latest", "resolved": f"{RESOLVED}@{m.revision}", "digest": m.revision,
+    pin = {"reference": "forged:latest", "resolved": f"{_resolved()}@{m.revision}", "digest": m.revision,
            "private": False}
     code = ("import json, os, sys; d = json.load(open('job.json')); d['image_pin'] = json.loads(sys.argv[1]); "
             "open('job.json', 'w').write(json.dumps(d)); os.makedirs('image', exist_ok=True); "

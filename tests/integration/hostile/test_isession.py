@@ -35,7 +35,9 @@ from tests.integration.test_ssh import ALIAS, USER, Sshd, _client_home
 from tests.integration.test_ssh import sshd as sshd  # the session fixture, reused
 from tests.servers.hf_hub import FakeHub
 
-pytestmark = pytest.mark.slurm
+# long_jobs(minutes): its jobs run for minutes by design; the parallel pass starts the longest first
+# (tests/conftest.py).
+pytestmark = [pytest.mark.slurm, pytest.mark.long_jobs(2)]
 
 SECRET_VALUE = "isession-s3cr3t-value"
 

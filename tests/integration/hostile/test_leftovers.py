@@ -1,17 +1,18 @@
 """Nothing of a job outlives it, and nobody can take another user's runtime directory (issue #8 items 5, 7).
 
-Real jobs on the dev cluster (proctrack/linuxproc, n1 and n2 on one host):
+Real jobs on the dev cluster (proctrack/linuxproc; each node a machine of its own where nodes are
+isolated, every node on this host otherwise; paths on a node are read through cluster_nodes.node_root):
 
 * a job leaves ``setsid nohup sleep``, a SIGTERM-ignoring sleeper, an ``env -i`` double fork, a
   sleeper in its own user and pid namespace and one calling itself ``slurmstepd``, on both nodes:
   all are gone after the epilog;
-* the same user's job on the other dev node keeps them alive (it might be that job's), and its own
+* the same user's other job on the same node keeps them alive (it might be that job's), and its own
   processes are never touched; when it ends, its epilog ends them;
 * a process of the same user's login session on the host (under ``runuser``) is not a leftover;
 * step 2 never reads its per-node environment file and the job is cancelled: no env file and no
   runtime directory remain;
-* btu2 pre-creates ``/dev/shm/slurm-bt-<btu1 uid>`` (a 0777 directory, then a symlink): btu1's job
-  still runs, the squat is in the hook log and in ``slurm-bt admin doctor``.
+* btu2 pre-creates ``/dev/shm/slurm-bt-<btu1 uid>`` on n1 (a 0777 directory, then a symlink): btu1's job
+  there still runs, the squat is in the hook log and in n1's ``slurm-bt admin doctor``.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.cluster_nodes import node_root, notes_dir, on_node
 from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, forget_squats, submit, wait, write_job
 
-pytestmark = pytest.mark.slurm
+# whole_cluster: runs alone, after the parallel tests (scripts/test.sh; README, Development).
+pytestmark = [pytest.mark.slurm, pytest.mark.whole_cluster]
 
 HOOK_LOG = Path("/var/log/slurm-bt/hooks.log")
 SHM = Path("/dev/shm")
@@ -88,7 +91,7 @@ def _leftover_sleepers(marker: str) -> list[str]:
 
 def _notes_gone(job_id: str, node: str, timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
-    while os.path.lexists(f"/run/slurm-bt/{node}/jobs/{job_id}"):
+    while os.path.lexists(notes_dir(node) / "jobs" / job_id):
         assert time.monotonic() < deadline, f"epilog of job {job_id} on {node} did not finish"
         time.sleep(0.5)
 
@@ -145,11 +148,11 @@ def test_login_side_process_of_the_user_is_not_a_leftover(tenants: dict[str, obj
         aftermath(job_id, "btu2")
 
 
-def test_same_users_job_on_the_other_node_keeps_processes_until_it_ends(tenants: dict[str, object]) -> None:
-    with attack("leftover sweep vs. the same user's running job on the other dev node"):
+def test_same_users_other_job_on_the_node_keeps_processes_until_it_ends(tenants: dict[str, object]) -> None:
+    with attack("leftover sweep vs. the same user's running job on the same node"):
         marker = _marker()
         busy = write_job("btu2", PLAIN_JOB.format(name="busy", commands=[f"sleep 40.{marker}", "echo BUSY-DONE"]))
-        busy_id = submit("btu2", busy, "--nodelist=n2")
+        busy_id = submit("btu2", busy, "--nodelist=n1")
         deadline = time.monotonic() + 120
         while not any("40." + marker in p for p in _with_marker(marker)):
             assert time.monotonic() < deadline, f"job {busy_id} did not start: {_squeue_state(busy_id)}"
@@ -177,7 +180,7 @@ def test_job_cancelled_before_step2_read_its_env_file_leaves_no_env_file(tenants
     with attack("cancel between step 1 and step 2: env file with resolved values"):
         uid = pwd.getpwnam("btu1").pw_uid
         config = write_job("btu1", PLAIN_JOB.format(name="cancelled", commands=["echo NEVER"]))
-        job_id = submit("btu1", config, "--hold")
+        job_id = submit("btu1", config, "--hold", "--nodelist=n1")
         try:
             show = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
                                   check=True).stdout
@@ -185,7 +188,7 @@ def test_job_cancelled_before_step2_read_its_env_file_leaves_no_env_file(tenants
             # Step 2 never reads the env file (as if the job were cancelled before it started).
             as_user("btu1", ["tee", str(job_dir / "node_entry.sh")], input=STUCK_ENTRY).check_returncode()
             subprocess.run(["scontrol", "release", job_id], check=True, capture_output=True)
-            env_file = SHM / f"slurm-bt-{uid}" / job_id / "node-0.env"
+            env_file = node_root("n1") / SHM.relative_to("/") / f"slurm-bt-{uid}" / job_id / "node-0.env"
             deadline = time.monotonic() + 120
             while not env_file.exists():
                 assert time.monotonic() < deadline, f"step 1 of job {job_id} never wrote {env_file}"
@@ -216,18 +219,19 @@ def _free_runtime_name(user: str, path: Path, timeout_s: float = 300) -> None:
 def test_squatted_runtime_dir_is_sidestepped_and_reported(tenants: dict[str, object], shape: str) -> None:
     with attack(f"btu2 squats btu1's /dev/shm runtime directory ({shape})"):
         uid = pwd.getpwnam("btu1").pw_uid
-        squat = SHM / f"slurm-bt-{uid}"
+        on_n1 = SHM / f"slurm-bt-{uid}"  # as n1 names it
+        squat = node_root("n1") / on_n1.relative_to("/")  # the same, seen from here
         _free_runtime_name("btu1", squat)
         if shape == "directory":
-            made = as_user("btu2", ["mkdir", "-m", "0777", str(squat)])
-            as_user("btu2", ["tee", str(squat / "planted")], input="squatter's")
+            made = as_user("btu2", ["mkdir", "-m", "0777", str(on_n1)], node="n1")
+            as_user("btu2", ["tee", str(on_n1 / "planted")], input="squatter's", node="n1")
         else:
             as_user("btu2", ["mkdir", "-p", "/home/btu2/squat-target"]).check_returncode()
-            made = as_user("btu2", ["ln", "-s", "/home/btu2/squat-target", str(squat)])
+            made = as_user("btu2", ["ln", "-s", "/home/btu2/squat-target", str(on_n1)], node="n1")
         assert made.returncode == 0, f"could not set up the squat: {made.stderr}"
         assert squat.lstat().st_uid == pwd.getpwnam("btu2").pw_uid
         config = write_job("btu1", PLAIN_JOB.format(name="squatted", commands=['echo "RAN as $(id -un)"']))
-        job_id = submit("btu1", config)
+        job_id = submit("btu1", config, "--nodelist=n1")
         record, logs = wait("btu1", job_id)
         assert record["current_status"] == "TRAINING_JOB_COMPLETED" and "RAN as btu1" in logs, logs
         aftermath(job_id, "btu1")
@@ -235,10 +239,10 @@ def test_squatted_runtime_dir_is_sidestepped_and_reported(tenants: dict[str, obj
         assert lines and f"owned by uid {pwd.getpwnam('btu2').pw_uid}" in lines[0], lines
         if squat.exists():  # the epilog removes it when btu1 has no other job; if it is there, it is btu1's
             assert squat.lstat().st_uid == uid and not squat.is_symlink() and not (squat / "planted").exists()
-        doctor = subprocess.run([str(BIN / "slurm-bt"), "admin", "doctor"], capture_output=True, text=True,
-                                check=False).stdout
-        assert re.search(rf"WARN\s+squatted directories on n\d: .*{squat}", doctor), doctor
-        forget_squats(squat)
+        doctor = subprocess.run([*on_node("n1"), str(BIN / "slurm-bt"), "admin", "doctor"], capture_output=True,
+                                text=True, check=False).stdout
+        assert re.search(rf"WARN\s+squatted directories on n1: .*{on_n1}", doctor), doctor
+        forget_squats(on_n1)
 
 
 CKPT_JOB = """
@@ -256,20 +260,21 @@ CKPT_JOB = """
 
 def test_squatted_checkpoint_path_in_tmp_is_refused_not_adopted(tenants: dict[str, object]) -> None:
     with attack("btu2 pre-creates the /tmp checkpoint_path of btu1's host job"):
-        path = f"/tmp/bt-ckpt-{_marker()}"
-        as_user("btu2", ["mkdir", "-m", "0777", path]).check_returncode()
+        path = f"/tmp/bt-ckpt-{_marker()}"  # on n1
+        seen = node_root("n1") / path.lstrip("/")
+        as_user("btu2", ["mkdir", "-m", "0777", path], node="n1").check_returncode()
         try:
             config = write_job("btu1", CKPT_JOB.format(path=path))
-            job_id = submit("btu1", config)
+            job_id = submit("btu1", config, "--nodelist=n1")
             record, logs = wait("btu1", job_id)
             assert record["current_status"] != "TRAINING_JOB_COMPLETED" and "WROTE" not in logs, logs
             assert f"{path}: belongs to uid {pwd.getpwnam('btu2').pw_uid}" in logs, logs
             # The job's data never reached the squatter's directory. (The epilog's checkpoint flush
             # still leaves its 0600 state file there: slurm_bt/checkpoints/flush.py, not step 1.)
-            assert "model.bin" not in os.listdir(path)
+            assert "model.bin" not in os.listdir(seen)
             aftermath(job_id, "btu1")
         finally:
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(seen, ignore_errors=True)
 
 
 SWAP = r'''#!/bin/bash

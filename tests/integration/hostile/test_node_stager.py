@@ -35,7 +35,8 @@ from tests.integration.hostile.harness import BIN, aftermath, as_user, attack, w
 from tests.integration.hostile.weights_jobs import PROBE, readable_site, weights_job
 from tests.servers.hf_hub import FakeHub
 
-pytestmark = pytest.mark.slurm
+# whole_cluster: runs alone, after the parallel tests (scripts/test.sh; README, Development).
+pytestmark = [pytest.mark.slurm, pytest.mark.whole_cluster]
 
 MiB = 1 << 20
 HOOKS = Path("/etc/slurm-bt/hooks.toml")

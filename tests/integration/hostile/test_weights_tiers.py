@@ -45,6 +45,7 @@ from slurm_bt.posix.squat_records import read_squats
 from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.weights.manifest import Manifest, ManifestFile
 from slurm_bt.weights.plan import list_selected
+from tests.integration.cluster_nodes import notes_dir
 from tests.integration.hostile.harness import (
     BIN,
     admin_path,
@@ -59,7 +60,9 @@ from tests.integration.hostile.harness import (
 from tests.integration.hostile.weights_jobs import PROBE, readable_site, weights_job
 from tests.servers.hf_hub import FakeHub, Faults
 
-pytestmark = pytest.mark.slurm
+# long_jobs(minutes): its jobs run for minutes by design; the parallel pass starts the longest first
+# (tests/conftest.py).
+pytestmark = [pytest.mark.slurm, pytest.mark.long_jobs(3)]
 
 MiB = 1 << 20
 
@@ -131,7 +134,8 @@ def _identity_layout() -> bool:
 
 
 def _squat_paths() -> set[str]:
-    return {s.path for n in cluster()["nodes"] for s in read_squats(str(n))}
+    # each node's own /run/slurm-bt where nodes are isolated (cluster_nodes.notes_dir)
+    return {s.path for n in cluster()["nodes"] for s in read_squats(str(n), state_root=str(notes_dir(str(n)).parent))}
 
 
 # -- item 7: squats ----------------------------------------------------------------------------------------
