@@ -151,8 +151,12 @@ def cmdline(pid: int) -> list[str]:
 
 
 def is_init(pid: int, node: str) -> bool:
+    """Is ``pid`` the init of ``node``'s machine? Whichever checkout started it: a machine belongs to the
+    state directory, and another clone's ``up`` (a fresh clone of the repository, scripts/quickstart.sh)
+    must adopt it, not start a second machine in the same network namespace."""
     argv = cmdline(pid)
-    return len(argv) >= 5 and argv[2] == str(HERE) and argv[3] == "_init" and argv[4] == node
+    return (len(argv) >= 5 and argv[2].endswith(f"/devcluster/{HERE.name}") and argv[3] == "_init"
+            and argv[4] == node)
 
 
 # ------------------------------------------------------------------------------------------- the init

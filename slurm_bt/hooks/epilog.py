@@ -177,11 +177,15 @@ def node_cache_release(environ: Mapping[str, str], deadline_s: float, site: Site
 
 
 def node_cache_lru(environ: Mapping[str, str], deadline_s: float, site: SiteSettings) -> object:
-    """Evict lease-free node-cache entries, least recently used first (:mod:`slurm_bt.weights.node_stage`)."""
+    """Drop crashed jobs' leases, then evict lease-free node-cache entries, least recently used first
+    (:mod:`slurm_bt.weights.node_stage`); the pruned leases go to the hook log."""
     from slurm_bt.weights.node_stage import epilog_enforce_lru
 
-    epilog_enforce_lru(environ, deadline_s, site)
-    return None
+    pruned = epilog_enforce_lru(environ, deadline_s, site)
+    if not pruned:
+        return None
+    return f"{len(pruned)} lease(s) of jobs whose epilog never ran dropped: " + " ".join(
+        f"{entry}:{job}" for entry, job in pruned[:20])
 
 
 def bounded_call(ctx: HookContext, what: str, fn: Callable[[Mapping[str, str], float, SiteSettings], object],
@@ -250,8 +254,10 @@ def epilog_body(ctx: HookContext) -> None:
     bounded_call(ctx, "node-cache lease release (slurm_bt.weights.node_stage.epilog_release_leases)",
                  node_cache_release,
                  ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0))
-    bounded_call(ctx, "node-cache LRU (slurm_bt.weights.node_stage.epilog_enforce_lru)", node_cache_lru,
-                 ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0))
+    _, pruned = bounded_call(ctx, "node-cache LRU (slurm_bt.weights.node_stage.epilog_enforce_lru)", node_cache_lru,
+                             ctx.budget(ctx.settings.node_cache_budget_s / 2, reserve_s=15.0))
+    if isinstance(pruned, str):
+        ctx.log.info(f"node cache: {pruned}")
     ctx.phase = "scratch"
     remove_scratch(ctx, keep_checkpoints=flushed != "done")
     ctx.phase = "notes"

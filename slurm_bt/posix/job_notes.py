@@ -10,7 +10,8 @@ root-owned note per node and job, and step 1 of every slurm-bt job reads it befo
         prolog.json     0640  what the prolog prepared (team group, cache paths): trusted facts
                               that step 1 uses instead of recomputing them from user input
 
-``<node>`` is in the path because the dev cluster runs two slurmds on one host. ``/run`` is cleared
+``<node>`` is in the path because a host may run several slurmds (the dev cluster's ``--host-nodes``
+layout runs two). ``/run`` is cleared
 at boot, which is right: the notes only matter while the job runs. The prolog clears the job's
 directory first (a requeued job starts clean) and the epilog removes it.
 
@@ -39,7 +40,9 @@ __all__ = [
     "STATE_ROOT",
     "HookState",
     "JobStateDir",
+    "has_job_note",
     "job_state_path",
+    "jobs_on_host",
     "open_node_state",
     "read_hook_state",
 ]
@@ -67,6 +70,27 @@ class HookState:
 def job_state_path(node: str, job_id: str, root: str = STATE_ROOT) -> str:
     """``<root>/<node>/jobs/<job_id>``."""
     return f"{root}/{node}/jobs/{job_id}"
+
+
+def jobs_on_host(root: str = STATE_ROOT, limit: int = 100_000) -> set[str]:
+    """Every job with notes under ``root``, on every node of this host: the jobs between their prolog and
+    the end of their epilog here. Root-written facts (the state root is root's, module docstring), so
+    the epilog may trust them; names that are not job ids are skipped; at most ``limit`` names."""
+    out: set[str] = set()
+    with contextlib.suppress(OSError):
+        for node in sorted(os.listdir(root)):
+            with contextlib.suppress(OSError):
+                out.update(n for n in os.listdir(f"{root}/{node}/jobs") if n.isascii() and n.isdigit())
+            if len(out) >= limit:
+                break
+    return out
+
+
+def has_job_note(job_id: str, root: str = STATE_ROOT) -> bool:
+    """Whether any node of this host has notes for ``job_id`` now."""
+    with contextlib.suppress(OSError):
+        return any(os.path.lexists(job_state_path(node, job_id, root)) for node in os.listdir(root))
+    return False
 
 
 def _read_root_note(path: str) -> bytes | None:

@@ -725,17 +725,36 @@ class NodeCache:
         out = [key for key in self._all_lease_ids() if self._remove_qualified_lease(key, job_id)]
         return sorted(out)
 
-    def prune_leases(self, active_job_ids: Collection[str]) -> list[tuple[str, str]]:
-        """Drop leases of jobs not in ``active_job_ids`` (their epilog never ran: node crash).
+    def prune_leases(self, active_job_ids: Collection[str], *, min_age_s: float = 0.0,
+                     still_inactive: Callable[[str], bool] = lambda _job: True) -> list[tuple[str, str]]:
+        """Drop leases of jobs not in ``active_job_ids`` (their epilog never ran: node crash); called by
+        every epilog before its LRU pass (:func:`slurm_bt.weights.node_stage.epilog_enforce_lru`), or the
+        entries such a job leased would never be evicted.
+
+        Args:
+            active_job_ids: the jobs between prolog and end of epilog on this host (root's notes).
+            min_age_s: leave leases younger than this (a lease is taken after its job's note is
+                written, so a young lease without a note is a race, not a crash).
+            still_inactive: asked again just before each unlink (a job may have started since
+                ``active_job_ids`` was read).
 
         Returns:
             ``(manifest_id, job_id)`` pairs removed (ids of private entries qualified).
         """
         active = set(active_job_ids)
+        now = time.time()
         out = []
         for key in self._all_lease_ids():
+            layout, mid = self._split(key)
             for job in self.leases(key):
-                if job not in active and self._remove_qualified_lease(key, job):
+                if job in active:
+                    continue
+                try:
+                    if now - os.lstat(layout.leases / mid / job).st_mtime < min_age_s:
+                        continue
+                except OSError:
+                    continue
+                if still_inactive(job) and self._remove_qualified_lease(key, job):
                     out.append((key, job))
         return out
 

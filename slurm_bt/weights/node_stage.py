@@ -586,16 +586,30 @@ def epilog_release_leases(environ: Mapping[str, str], deadline_s: float, site: S
     node.release(job_id)
 
 
-def epilog_enforce_lru(environ: Mapping[str, str], deadline_s: float, site: SiteSettings | None = None) -> None:
-    """Epilog: evict lease-free entries LRU until blob usage is under the site's cap."""
+#: A lease younger than this is never pruned as a crashed job's: a prolog writes its job's note before
+#: it leases, so only a race (a requeued job's note being rewritten) can show a young lease without one.
+LEASE_PRUNE_MIN_AGE_S = 600.0
+
+
+def epilog_enforce_lru(environ: Mapping[str, str], deadline_s: float, site: SiteSettings | None = None, *,
+                       state_root: str | None = None) -> list[tuple[str, str]]:
+    """Epilog: drop the leases of jobs whose epilog never ran (a node crash or reboot: no note of theirs
+    is left on this host, posix/job_notes.py), then evict lease-free entries LRU until blob usage is
+    under the site's cap. Returns the pruned ``(entry, job)`` leases."""
+    from slurm_bt.posix.job_notes import STATE_ROOT, has_job_note, jobs_on_host
+
     site = site or _trusted_site()
     node = _node_cache(site, environ)
     if not node.root.is_dir():
-        return
+        return []
+    root = state_root or STATE_ROOT
+    pruned = node.prune_leases(jobs_on_host(root) | {environ["SLURM_JOB_ID"]}, min_age_s=LEASE_PRUNE_MIN_AGE_S,
+                               still_inactive=lambda job: not has_job_note(job, root))
     node.gc_temp()
     cap = node.cap_bytes()
     if node.usage_bytes() > cap:
         node.execute(node.plan_eviction(cap))
+    return pruned
 
 
 # -- user: step 1 of the job -----------------------------------------------------------------------------

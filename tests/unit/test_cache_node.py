@@ -278,3 +278,37 @@ def test_gc_removes_dead_writers_temp(tmp_path: Path) -> None:
     live.write_bytes(b"in flight")
     assert n.gc_temp() == [dead]
     assert live.exists()
+
+
+def test_epilog_lru_prunes_a_crashed_jobs_lease_then_evicts_its_entry(tmp_path: Path) -> None:
+    """A job whose epilog never ran (node crash: no note of it is left on the host) keeps no entry for
+    ever: the next epilog's LRU pass drops its lease, then evicts the entry; a running job's lease
+    (its note is there) and a young lease without a note (a race, not a crash) stay."""
+    from slurm_bt.site.settings import SiteSettings
+    from slurm_bt.weights.node_stage import LEASE_PRUNE_MIN_AGE_S, epilog_enforce_lru
+
+    c, crashed = _cluster(tmp_path, _model(11))
+    _, running = _cluster(tmp_path, _model(12), name="c2")
+    _, young = _cluster(tmp_path, _model(13), name="c3")
+    root = tmp_path / "node" / "n7" / "weights"
+    root.parent.mkdir(parents=True)
+    n = NodeCache(root, 1 << 30)
+    n.stage(crashed, c, "77", authorize=allow)
+    n.stage(running, ClusterCache(tmp_path / "c2"), "78", authorize=allow)
+    n.stage(young, ClusterCache(tmp_path / "c3"), "79", authorize=allow)
+    old = time.time() - LEASE_PRUNE_MIN_AGE_S - 60
+    for m, job in ((crashed, "77"), (running, "78")):
+        os.utime(n.layout.leases / m.manifest_id / job, (old, old))
+    state = tmp_path / "run"
+    (state / "n7" / "jobs" / "78").mkdir(parents=True)  # job 78 runs on this host; 77 and 79 have no note
+    site = SiteSettings.model_validate({
+        "storage": {"node_cache": str(tmp_path / "node" / "%n" / "weights")},
+        "weights": {"node_cache_max_bytes": 3 * MiB, "node_cache_reserve_bytes": 0}})
+    environ = {"SLURM_JOB_ID": "90", "SLURM_JOB_UID": str(os.getuid()), "SLURMD_NODENAME": "n7"}
+
+    pruned = epilog_enforce_lru(environ, 30.0, site, state_root=str(state))
+
+    assert pruned == [(crashed.manifest_id, "77")]
+    assert n.leases(crashed.manifest_id) == [] and not n.is_ready(crashed)  # evicted: over the cap, lease-free
+    assert n.leases(running.manifest_id) == ["78"] and n.is_ready(running)
+    assert n.leases(young.manifest_id) == ["79"] and n.is_ready(young)

@@ -85,6 +85,26 @@ def test_hosts_file_names_the_head_and_every_node() -> None:
     assert argv[-5:] == ["_init", "n3", "/s/node/n3", "/s/local", "/s/hosts"]
 
 
+def test_a_machine_is_recognised_whichever_checkout_started_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh clone's `up` adopts the machines another clone started on the same state directory (else
+    it starts a second machine in the node's network namespace, whose slurmd cannot bind its port)."""
+    sys.path.insert(0, str(DEVCLUSTER.parent))
+    try:
+        import nodes
+    finally:
+        sys.path.remove(str(DEVCLUSTER.parent))
+    argv = {
+        1: ["/usr/bin/python3", "-I", "/other/clone/devcluster/nodes.py", "_init", "n2", "/s/node/n2", "/s/l", "/h"],
+        2: ["/usr/bin/python3", "-I", str(nodes.HERE), "_init", "n1", "/s/node/n1", "/s/l", "/h"],
+        3: ["/usr/bin/python3", "-I", "/tmp/nodes.py", "_init", "n2", "/s/node/n2", "/s/l", "/h"],
+        4: ["/usr/bin/python3", "-I", "/elsewhere/clone/devcluster/nodes.py", "status"],
+    }
+    monkeypatch.setattr(nodes, "cmdline", lambda pid: argv.get(pid, []))
+    assert nodes.is_init(1, "n2") and nodes.is_init(2, "n1")
+    assert not nodes.is_init(1, "n1") and not nodes.is_init(3, "n2") and not nodes.is_init(4, "n2")
+    assert not nodes.is_init(5, "n2")
+
+
 @pytest.mark.parametrize("args", [["--nodes", "9"], ["--nodes", "0"], ["--nodes"], ["--isolated", "x"],
                                   ["--shared", "nfs"]])
 def test_bad_up_options_exit_2_with_the_usage(args: list[str]) -> None:
