@@ -871,11 +871,15 @@ def ensure_machines() -> None:
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
         raise Failure(f"nodes: {e}") from e
     write_if_changed(HOSTS_FILE, nodes.hosts_file({n: a for n, (a, _p) in NODES.items()}, hostname()), 0o644)
+    keep = nodes.tmp_to_keep(REPO)
     for name, m in MACHINES.items():
-        if m.pid() is not None:
+        pid = m.pid()
+        if pid is not None and nodes.kept_by(pid) == str(keep or "-"):
             continue
+        if pid is not None:  # started from another checkout, which this one's hooks are not in
+            step(f"machine {name}: restarting to see {keep or 'no /tmp checkout'} ({m.stop()}; its jobs end)")
         with open(m.log, "ab") as out:
-            proc = subprocess.Popen(nodes.init_argv(name, STATE / "node" / name, NODE_LOCAL_MOUNT, HOSTS_FILE),
+            proc = subprocess.Popen(nodes.init_argv(name, STATE / "node" / name, NODE_LOCAL_MOUNT, HOSTS_FILE, keep),
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
 

@@ -121,12 +121,30 @@ def hosts_file(nodes: dict[str, str], head_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def init_argv(node: str, local_src: Path, local_dst: Path, hosts: Path) -> list[str]:
-    """The command that starts node's machine: join its network namespace, make the others, run the init."""
+def init_argv(node: str, local_src: Path, local_dst: Path, hosts: Path, keep: Path | None = None) -> list[str]:
+    """The command that starts node's machine: join its network namespace, make the others, run the init.
+    ``keep``: a directory of this host's own /tmp the node must see too (see :func:`tmp_to_keep`)."""
     return ["nsenter", f"--net={NETNS_DIR / netns(node)}", "--",
             "unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--kill-child=SIGTERM",
             "--propagation", "slave", "--",
-            "/usr/bin/python3", "-I", str(HERE), "_init", node, str(local_src), str(local_dst), str(hosts)]
+            "/usr/bin/python3", "-I", str(HERE), "_init", node, str(local_src), str(local_dst), str(hosts),
+            str(keep) if keep else "-"]
+
+
+def tmp_to_keep(checkout: Path) -> Path | None:
+    """The checkout, when it lies under /tmp or /dev/shm (a clone made there): each node gets its own
+    empty ones, and slurm.conf's Prolog and Epilog, like the venv's link to the package, name files
+    in the checkout, which a real site keeps on storage every node mounts."""
+    for private in ("/tmp", "/dev/shm"):
+        if checkout.is_relative_to(private):
+            return checkout
+    return None
+
+
+def kept_by(pid: int) -> str:
+    """What a running machine's init keeps from this host's /tmp ("-": nothing; "" when not an init)."""
+    argv = cmdline(pid)
+    return argv[8] if len(argv) >= 9 else "-" if len(argv) >= 5 else ""
 
 
 def enter_argv(init_pid: int) -> list[str]:
@@ -170,9 +188,15 @@ def _mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True, timeout=30, stdin=subprocess.DEVNULL)
 
 
-def _init(node: str, local_src: str, local_dst: str, hosts: str) -> int:
+def _init(node: str, local_src: str, local_dst: str, hosts: str, keep: str = "-") -> int:
     # The node-local disk first: the tmpfs on /tmp below would hide a source under /tmp.
     _mount("--bind", local_src, local_dst)
+    # So would it hide a checkout under /tmp (tmp_to_keep): held at a place of the node's disk meanwhile
+    # (a mount of this machine only), moved back to its own path once the node's /tmp is there.
+    held = f"{local_dst}/.host-checkout"
+    if keep != "-":
+        Path(held).mkdir(exist_ok=True)
+        _mount("--bind", keep, held)
     # The other nodes' disks are not there: the parent of node/<n> becomes an empty read-only tmpfs holding
     # only this node's own disk, also at its old path (a site storage root with %n still finds it).
     parent = str(Path(local_src).parent)
@@ -184,6 +208,10 @@ def _init(node: str, local_src: str, local_dst: str, hosts: str) -> int:
     _mount("-t", "proc", "proc", "/proc")
     _mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev,size=2g", f"tmp-{node}", "/tmp")
     _mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev,size=2g", f"shm-{node}", "/dev/shm")
+    if keep != "-":
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        _mount("--move", held, keep)
+        os.rmdir(held)
     # The hooks' per-node notes (slurm_bt/posix/job_notes.py) live in /run, a tmpfs of each real machine:
     # shared, one node's epilog would count another node's jobs as "another job of this user on this host".
     Path(RUN_NOTES).mkdir(mode=0o755, exist_ok=True)
@@ -220,7 +248,7 @@ def _init(node: str, local_src: str, local_dst: str, hosts: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "_init":
+    if len(sys.argv) in (6, 7) and sys.argv[1] == "_init":
         sys.exit(_init(*sys.argv[2:]))
     print(__doc__.strip(), file=sys.stderr)
     sys.exit(2)

@@ -194,3 +194,15 @@ def test_ranks_reach_each_other_over_the_network_not_a_shared_loopback(isolated:
     assert r0 == {"peer": isolated["nodes"][b], "msg": b}
     assert r1["reply"] == a and r1["leader_addr"] == isolated["nodes"][a]
     assert r1["loopback"] == "ConnectionRefusedError"  # 127.0.0.1 on b is b's own, as on real nodes
+
+
+def test_every_node_sees_the_hooks_and_package_of_this_checkout(isolated: dict[str, Any]) -> None:
+    """slurm.conf's Prolog and Epilog and the venv's link to the package name files of this checkout; a
+    real site keeps them on storage every node mounts. A checkout under /tmp (a fresh clone made there)
+    is carried into each node's own /tmp (devcluster/nodes.py, tmp_to_keep)."""
+    from tests.integration.cluster_nodes import node_root
+
+    for node in isolated["nodes"]:
+        seen = node_root(node) / REPO.relative_to("/")
+        for part in ("prolog/slurm-bt-prolog", "epilog/slurm-bt-epilog", "slurm_bt/__init__.py"):
+            assert (seen / part).is_file(), f"{node} does not see {REPO / part}"

@@ -82,7 +82,12 @@ def test_hosts_file_names_the_head_and_every_node() -> None:
     # the init runs the machine's namespaces around this file, and enters the node's network by its name
     argv = nodes.init_argv("n3", Path("/s/node/n3"), Path("/s/local"), Path("/s/hosts"))
     assert argv[:2] == ["nsenter", "--net=/run/netns/btdev-n3"]
-    assert argv[-5:] == ["_init", "n3", "/s/node/n3", "/s/local", "/s/hosts"]
+    assert argv[-6:] == ["_init", "n3", "/s/node/n3", "/s/local", "/s/hosts", "-"]
+    # a checkout under /tmp (each node has its own) is carried into the machine at its path; others are not
+    kept = nodes.init_argv("n3", Path("/s/node/n3"), Path("/s/local"), Path("/s/hosts"),
+                           nodes.tmp_to_keep(Path("/tmp/clone")))
+    assert kept[-1] == "/tmp/clone" and nodes.tmp_to_keep(Path("/dev/shm/c")) == Path("/dev/shm/c")
+    assert nodes.tmp_to_keep(Path("/work/main")) is None and nodes.tmp_to_keep(Path("/tmpfoo/x")) is None
 
 
 def test_a_machine_is_recognised_whichever_checkout_started_it(monkeypatch: pytest.MonkeyPatch) -> None:
