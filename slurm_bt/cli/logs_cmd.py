@@ -72,7 +72,7 @@ def _remote(host: str, job_id: str, follow: bool, tail: int | None, node: int | 
 def logs_command(job_id: str, follow: bool, tail: int | None, node_rank: int | None, as_json: bool,
                  host: str | None, accept_new_host_key: bool, debug: bool) -> None:
     """Print JOB_ID's output: the batch step, then each node, every line tagged ([node 0] ...)."""
-    from slurm_bt.jobs.lifecycle import check_job_ids, query_statuses
+    from slurm_bt.jobs.lifecycle import Settling, check_job_ids, query_statuses
     from slurm_bt.jobs.logs import LogLine, LogReader, follow_logs
 
     with handle_errors("slurm-bt", debug=debug):
@@ -97,12 +97,13 @@ def logs_command(job_id: str, follow: bool, tail: int | None, node_rank: int | N
                 warn(warning)
             return
         client = options.make_client()
+        settling = Settling()
 
         def poll() -> tuple[bool, str | None, str]:
             report = query_statuses(client, [job_id], records=records, retries=0)
             if report.error is not None:
                 return False, str(report.error), ""
             st = report.statuses[0]
-            return st.terminal, None, st.status + (st.lifecycle.detail if st.lifecycle else "")
+            return settling.done(st), None, st.status + (st.lifecycle.detail if st.lifecycle else "")
 
         follow_logs(reader, poll, emit=emit, on_warning=warn)

@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from slurm_bt.cli import options
 from slurm_bt.cli.errors import handle_errors
 from slurm_bt.cli.options import host_options, load_records, print_json, remote_json
+
+if TYPE_CHECKING:
+    from slurm_bt.jobs.lifecycle import Settling
 
 __all__ = ["metrics_command"]
 
@@ -33,7 +36,7 @@ def _from_dict(d: dict[str, Any]) -> Any:
     return m
 
 
-def _sample(job_id: str) -> tuple[Any, bool]:
+def _sample(job_id: str, settling: Settling) -> tuple[Any, bool]:
     from slurm_bt.errors import SlurmCommandError
     from slurm_bt.jobs.lifecycle import query_statuses
     from slurm_bt.jobs.metrics import collect_metrics
@@ -46,7 +49,7 @@ def _sample(job_id: str) -> tuple[Any, bool]:
     if st.row is None:
         raise SlurmCommandError(["sacct"], 1, f"job {job_id} is not known to Slurm (yet)",
                                 "check the id; a job submitted a moment ago appears within seconds")
-    return collect_metrics(client, job_id, st.row), st.terminal
+    return collect_metrics(client, job_id, st.row), settling.done(st)
 
 
 def _to_stderr(raw: str) -> None:
@@ -76,7 +79,7 @@ def _show(m: Any, history: list[Any], as_json: bool) -> None:
 def metrics_command(job_id: str, as_json: bool, watch: bool, interval_s: float, count: int | None,
                     host: str | None, accept_new_host_key: bool, debug: bool) -> None:
     """CPU, memory and GPU usage of JOB_ID (sacct for finished steps, sstat for running ones)."""
-    from slurm_bt.jobs.lifecycle import check_job_ids
+    from slurm_bt.jobs.lifecycle import Settling, check_job_ids
 
     with handle_errors("slurm-bt", debug=debug):
         [job_id] = check_job_ids([job_id])
@@ -108,7 +111,8 @@ def metrics_command(job_id: str, as_json: bool, watch: bool, interval_s: float, 
             if outcome.returncode:
                 raise SystemExit(outcome.returncode)
             return
-        m, terminal = _sample(job_id)
+        settling = Settling()
+        m, terminal = _sample(job_id, settling)
         if not watch:
             if as_json:
                 print_json(m.as_dict())
@@ -119,7 +123,7 @@ def metrics_command(job_id: str, as_json: bool, watch: bool, interval_s: float, 
         _show(m, history, as_json)
         while not terminal and (count is None or len(history) < count):
             time.sleep(interval_s)
-            m, terminal = _sample(job_id)
+            m, terminal = _sample(job_id, settling)
             history.append(m)
             if not as_json:
                 click.echo("")

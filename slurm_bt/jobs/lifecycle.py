@@ -47,8 +47,10 @@ if TYPE_CHECKING:
     from slurm_bt.records import SubmissionRecord
 
 __all__ = [
+    "SETTLE_GRACE_S",
     "JobStatus",
     "RunInfo",
+    "Settling",
     "StatusReport",
     "check_job_ids",
     "job_statuses",
@@ -328,6 +330,34 @@ def job_statuses(client: SlurmClient, job_ids: Sequence[str]) -> list[JobStatus]
     return report.statuses
 
 
+#: How long a record Slurm calls finished while truss reads it as waiting must stay so before a watch
+#: ends on it. The one such state is PREEMPTED (slurm/states.py): with PreemptMode=REQUEUE the job's new
+#: run replaces that record within seconds; a record that stays PREEMPTED (PreemptMode=CANCEL) will
+#: never change, and a watcher that waited for a truss-terminal status would wait for ever.
+SETTLE_GRACE_S = 60.0
+
+
+class Settling:
+    """When a watched job will not change any more: every watcher (``status --wait``, ``logs --follow``,
+    ``metrics --watch``, :func:`wait_for_jobs`) asks this instead of :attr:`JobStatus.terminal` alone."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, grace_s: float = SETTLE_GRACE_S) -> None:
+        self._clock = clock
+        self._grace_s = grace_s
+        self._since: dict[str, float] = {}
+
+    def done(self, st: JobStatus) -> bool:
+        """True for a truss-terminal job, or one whose Slurm-terminal record (PREEMPTED, not requeued)
+        was seen continuously for the grace period."""
+        if st.terminal:
+            return True
+        if st.lifecycle is None or not st.lifecycle.slurm_terminal:
+            self._since.pop(st.job_id, None)
+            return False
+        first = self._since.setdefault(st.job_id, self._clock())
+        return self._clock() - first >= self._grace_s
+
+
 def wait_for_jobs(
     client: SlurmClient,
     job_ids: Sequence[str],
@@ -339,7 +369,8 @@ def wait_for_jobs(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> StatusReport:
-    """Poll until every job is terminal or ``timeout_s`` passes, with back-off and failure tolerance.
+    """Poll until every job is terminal (or settled: :class:`Settling`) or ``timeout_s`` passes, with
+    back-off and failure tolerance.
 
     The delay starts at 1 s and doubles up to 15 s (:class:`~slurm_bt.jobs.poll.Backoff`); each poll is
     one batched query. Up to :data:`~slurm_bt.jobs.poll.MAX_CONSECUTIVE_FAILURES` consecutive sacct
@@ -352,6 +383,7 @@ def wait_for_jobs(
     backoff = Backoff(initial_s=1.0, max_s=15.0)
     budget = FailureBudget()
     seen: dict[str, str] = {}
+    settling = Settling(clock)
     while True:
         report = query_statuses(client, job_ids, records=records, retries=0)
         if report.error is not None:
@@ -365,7 +397,8 @@ def wait_for_jobs(
             if on_change is not None and seen.get(st.job_id) != st.status:
                 on_change(st)
             seen[st.job_id] = st.status
-        done = report.error is None and all(st.terminal for st in report.statuses)
+        settled = [settling.done(st) for st in report.statuses]  # every job, for its grace clock
+        done = report.error is None and all(settled)
         if done or clock() >= deadline:
             return report
         sleep(min(backoff.next(), max(0.0, deadline - clock())))

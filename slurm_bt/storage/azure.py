@@ -27,7 +27,10 @@ from slurm_bt.storage.credentials import Credentials
 from slurm_bt.storage.endpoints import StorageEndpoints
 from slurm_bt.storage.url import StorageUrl
 
-__all__ = ["AzureBackend"]
+__all__ = ["SDK_RETRIES", "AzureBackend"]
+
+#: Retries the Azure SDK makes inside one call (its default is 10, with back-off up to minutes).
+SDK_RETRIES = 0
 
 
 class AzureBackend(FsspecBackend):
@@ -46,8 +49,12 @@ class AzureBackend(FsspecBackend):
         self.list_retries = options.list_retries
         creds = credentials or Credentials()
         account_url = endpoints.azure_endpoint(url.account)
+        # The SDK's default retry policy makes 10 attempts with exponential back-off: an unreachable
+        # account took 2 min 44 s to fail (and one SDK retry still cost ~37 s per listing). Our own calls
+        # retry transient errors (options.list_retries, base.retry_transient; the downloads resume), so
+        # the SDK makes none.
         timeouts: dict[str, Any] = {"connection_timeout": options.connect_timeout_s,
-                                    "read_timeout": options.read_timeout_s}
+                                    "read_timeout": options.read_timeout_s, "retry_total": SDK_RETRIES}
         fs_kwargs: dict[str, Any] = {"account_name": url.account, "skip_instance_cache": True,
                                      "use_listings_cache": False}
         credential: Any = None
@@ -78,6 +85,14 @@ class AzureBackend(FsspecBackend):
                 if not (creds.azure_account_key or creds.azure_sas_token):
                     fs_kwargs["anon"] = True
         self.fs = adlfs.AzureBlobFileSystem(**fs_kwargs)
+        # adlfs builds its async client with the SDK's defaults and takes no retry settings: the same
+        # account, credential and bounds as the synchronous client above, in its place.
+        from azure.storage.blob.aio import BlobServiceClient as AsyncBlobServiceClient
+
+        conn_str = fs_kwargs.get("connection_string")
+        self.fs.service_client = (
+            AsyncBlobServiceClient.from_connection_string(conn_str, **timeouts) if conn_str
+            else AsyncBlobServiceClient(account_url, credential=credential, **timeouts))
         self._container = self._service.get_container_client(url.container)
 
     def _root(self) -> str:

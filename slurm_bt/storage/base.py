@@ -223,7 +223,10 @@ def listing_digest(files: list[RemoteFile]) -> str:
     return h.hexdigest()
 
 
-_TRANSPORT_HINTS = ("Connect", "Timeout", "Network", "Read", "Protocol", "Remote", "Disconnected")
+# Transport failures by exception name; azure-core's are ServiceRequestError (the request never went out:
+# refused, DNS, TLS) and ServiceResponseError (no answer).
+_TRANSPORT_HINTS = ("Connect", "Timeout", "Network", "Read", "Protocol", "Remote", "Disconnected",
+                    "ServiceRequest", "ServiceResponse")
 
 
 def map_os_error(exc: BaseException, uri: str, *, file: str | None = None, offset: int | None = None,

@@ -65,9 +65,8 @@ class GcsBackend(FsspecBackend):
             project = str(sa.get("project_id") or project)
         # Verification is ours (sha256 + the listed crc32c, checksums.py), so gcsfs's own
         # consistency check (which needs crcmod) stays off.
-        self.fs = GCSFileSystem(token=token, project=project, endpoint_url=self._endpoint,
-                                skip_instance_cache=True, use_listings_cache=False,
-                                retries=max(1, options.list_retries))
+        self.fs = _one_try_filesystem(GCSFileSystem)(token=token, project=project, endpoint_url=self._endpoint,
+                                                     skip_instance_cache=True, use_listings_cache=False)
         self._pool = make_pool(options.connect_timeout_s, options.read_timeout_s, options.max_connections)
 
     def _root(self) -> str:
@@ -166,3 +165,20 @@ class GcsBackend(FsspecBackend):
     def close(self) -> None:
         """Close pooled connections."""
         self._pool.clear()
+
+
+def _one_try_filesystem(base: type[Any]) -> type[Any]:
+    """gcsfs's filesystem making one attempt per HTTP request.
+
+    Why: gcsfs retries every request 6 times with back-off up to 32 s (``retry_request``, fixed when
+    the class is defined: its ``retries`` argument does not reach it), and our calls retry transient
+    errors themselves (options.list_retries, base.retry_transient; the downloads resume), so an
+    unreachable origin took 2 min 14 s to fail one listing. The request is gcsfs's own, undecorated
+    (``__wrapped__``), under the same retry decorator with one attempt.
+    """
+    from gcsfs.retry import retry_request
+
+    request = getattr(base._request, "__wrapped__", None)
+    if request is None:  # a gcsfs that changed its decoration: keep its retries rather than break
+        return base
+    return type("OneTryGCSFileSystem", (base,), {"_request": retry_request(retries=1)(request)})

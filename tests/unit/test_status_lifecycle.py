@@ -160,6 +160,35 @@ def test_wait_backs_off_and_tolerates_sacct_blips(slurm: FakeSlurm, client: Slur
     assert len(warnings) == 2 and "1/3 tolerated" in warnings[0]
 
 
+def test_wait_ends_on_a_record_that_stays_preempted(slurm: FakeSlurm, client: SlurmClient) -> None:
+    """PreemptMode=CANCEL: the record stays PREEMPTED (terminal to Slurm, PENDING to truss). The wait ends
+    once it stayed so for the grace period, not at its timeout; a requeued job, whose PREEMPTED record
+    the new run replaces within seconds, is still watched."""
+    from slurm_bt.jobs.lifecycle import SETTLE_GRACE_S
+
+    cancelled, requeued = client.submit(SCRIPT), client.submit(SCRIPT)
+    slurm.set_state(cancelled, "PREEMPTED")
+    slurm.set_state(requeued, "PREEMPTED")
+    now = [0.0]
+    polls = [0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+        polls[0] += 1
+        if polls[0] == 2:
+            slurm.set_state(requeued, "PENDING")  # its new run
+        if now[0] > 3 * SETTLE_GRACE_S:
+            slurm.finish(requeued)
+
+    report = wait_for_jobs(client, [cancelled], timeout_s=3600, sleep=sleep, clock=lambda: now[0])
+    assert report.error is None and report.statuses[0].status == "TRAINING_JOB_PENDING"
+    assert "PREEMPTED" in report.statuses[0].lifecycle.detail  # type: ignore[union-attr]
+    assert SETTLE_GRACE_S <= now[0] < SETTLE_GRACE_S + 20
+    now[0], polls[0] = 0.0, 0
+    report = wait_for_jobs(client, [requeued], timeout_s=3600, sleep=sleep, clock=lambda: now[0])
+    assert report.statuses[0].status == "TRAINING_JOB_COMPLETED" and now[0] > 3 * SETTLE_GRACE_S
+
+
 def test_wait_gives_up_after_too_many_failures(slurm: FakeSlurm, client: SlurmClient) -> None:
     job = client.submit(SCRIPT)
     slurm.fail_next("sacct", times=10)

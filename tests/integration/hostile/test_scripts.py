@@ -45,10 +45,15 @@ if __name__ == "__main__":
 '''
 
 
-def _jobs_of(user: str) -> set[str]:
-    out = subprocess.run(["squeue", "-h", "-u", user, "-o", "%i"], capture_output=True, text=True,
-                         check=False).stdout
-    return set(out.split())
+def _jobs_of(user: str, name: str = "refused-script") -> set[str]:
+    """``user``'s jobs whose Slurm name carries ``name`` (queued, running or ended): other tests' jobs of the
+    same user come and go meanwhile (the suite runs in parallel)."""
+    queued = subprocess.run(["squeue", "-h", "-u", user, "-o", "%i %j"], capture_output=True, text=True,
+                            check=False).stdout
+    ended = subprocess.run(["sacct", "-n", "-X", "-P", "-u", user, "-S", "now-1hours", "-o", "JobID,JobName"],
+                           capture_output=True, text=True, check=False).stdout
+    rows = [ln.split(None, 1) for ln in queued.splitlines()] + [ln.split("|", 1) for ln in ended.splitlines()]
+    return {r[0] for r in rows if len(r) == 2 and name in r[1]}
 
 
 def _files_under(path: Path) -> list[Path]:
