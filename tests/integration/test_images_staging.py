@@ -9,6 +9,7 @@ The site file (readable by the test users) sets ``container_runtime = "charliecl
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,18 +92,23 @@ def test_submit_errors_exit_2_and_nothing_is_submitted(site: Path, oci_registrie
     host = oci_registries.private.host
     oci_registries.push(f"team/itest-{tag}", "v1", {}, private=True)
     as_user("btu1", [str(BIN / "slurm-bt"), "secrets", "set", "regcred"], input="alice:wrong").check_returncode()
-    before = _queue("btu1")
-    wrong = bt_sbatch("btu1", config("btu1", f"{host}/team/itest-{tag}:v1", "true", auth_registry=host))
+    configs = [config("btu1", f"{host}/team/itest-{tag}:v1", "true", auth_registry=host),
+               config("btu1", f"itest-{tag}:no-such-tag", "true")]
+    wrong = bt_sbatch("btu1", configs[0])
     assert wrong.returncode == 2, wrong.stderr
     assert "job.image.docker_auth.registry_secret_docker_auth" in wrong.stderr and "alice:wrong" not in wrong.stderr
-    missing = bt_sbatch("btu1", config("btu1", f"itest-{tag}:no-such-tag", "true"))
+    missing = bt_sbatch("btu1", configs[1])
     assert missing.returncode == 2 and "job.image.base_image" in missing.stderr, missing.stderr
-    assert _queue("btu1") == before
+    projects = [re.search(r'name="(img-[0-9a-f]+)"', c.read_text()).group(1) for c in configs]  # type: ignore[union-attr]
+    assert _jobs_named("btu1", projects) == set()
 
 
-def _queue(user: str) -> set[str]:
-    out = as_user(user, ["squeue", "-h", "-u", user, "-o", "%i"]).stdout
-    return set(out.split())
+def _jobs_named(user: str, projects: list[str]) -> set[str]:
+    """``user``'s jobs (queued or ended) of these projects: other tests' jobs come and go meanwhile."""
+    queued = as_user(user, ["squeue", "-h", "-u", user, "-o", "%i %j"]).stdout
+    ended = as_user(user, ["sacct", "-n", "-X", "-P", "-S", "now-1hours", "-o", "JobID,JobName"]).stdout
+    rows = [ln.split(None, 1) for ln in queued.splitlines()] + [ln.split("|", 1) for ln in ended.splitlines()]
+    return {r[0] for r in rows if len(r) == 2 and any(r[1].startswith(p) for p in projects)}
 
 
 def test_private_image_with_registry_secret_is_readable_by_the_team_only(site: Path,
