@@ -52,8 +52,9 @@ class SeaweedS3:
                           retries={"mode": "standard", "max_attempts": 3}),
         )
 
-    def create_bucket(self, name: str, timeout_s: float = 30.0) -> None:
-        """CreateBucket, retried while the freshly started server is still settling."""
+    def create_bucket(self, name: str, timeout_s: float = 120.0) -> None:
+        """CreateBucket, retried while the freshly started server is still settling (four test workers start
+        theirs at once on two cores: half a minute was seen not to be enough)."""
         client = self.client()
         deadline = time.monotonic() + timeout_s
         while True:
