@@ -37,6 +37,7 @@ from collections.abc import Iterator
 
 from slurm_bt.jobhost.context import HookContext
 from slurm_bt.node.job_paths import HANDOFF_RECORDS_DIR
+from slurm_bt.posix.job_notes import jobs_on_host
 from slurm_bt.posix.mountinfo import mount_points_below
 from slurm_bt.posix.safefs import remove_tree_at
 
@@ -114,7 +115,7 @@ def sweep_stale_runtime(ctx: HookContext, user_fd: int, path: str) -> list[str]:
     min_age = ctx.settings.stale_scratch_after_s
     if min_age <= 0:
         return []
-    active = {job for node in _names(ctx.state_root) for job in _names(f"{ctx.state_root}/{node}/jobs")}
+    active = jobs_on_host(ctx.state_root)
     deadline = min(time.monotonic() + SWEEP_BUDGET_S / 2, ctx.deadline - 5.0)
     now = time.time()
     swept: list[str] = []

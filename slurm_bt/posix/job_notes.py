@@ -72,17 +72,16 @@ def job_state_path(node: str, job_id: str, root: str = STATE_ROOT) -> str:
     return f"{root}/{node}/jobs/{job_id}"
 
 
-def jobs_on_host(root: str = STATE_ROOT, limit: int = 100_000) -> set[str]:
+def jobs_on_host(root: str = STATE_ROOT) -> set[str]:
     """Every job with notes under ``root``, on every node of this host: the jobs between their prolog and
     the end of their epilog here. Root-written facts (the state root is root's, module docstring), so
-    the epilog may trust them; names that are not job ids are skipped; at most ``limit`` names."""
+    the hooks may trust them; names that are not job ids are skipped. Never truncated: callers remove
+    what is *not* in this set."""
     out: set[str] = set()
     with contextlib.suppress(OSError):
-        for node in sorted(os.listdir(root)):
+        for node in os.listdir(root):
             with contextlib.suppress(OSError):
                 out.update(n for n in os.listdir(f"{root}/{node}/jobs") if n.isascii() and n.isdigit())
-            if len(out) >= limit:
-                break
     return out
 
 
